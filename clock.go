@@ -1,0 +1,252 @@
+package shardwheel
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"go.uber.org/atomic"
+)
+
+// never is the tick of "no deadline": an empty shard's next, an idle clock goroutine's target.
+// It doubles as the end of time (the clock saturates there), so a timer at the end of time fires
+// when a manual clock is advanced that far.
+const never = math.MaxInt64
+
+// awake is the target while the clock goroutine is working: producers never signal it then.
+const awake = math.MinInt64
+
+// A Clock is the time source of a Wheel. Its method set is the package's own: the system's
+// monotonic clock (the default) and *ManualClock are the implementations.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	isClock()
+}
+
+// systemClock is the default Clock: time.Now for Now, and for the wheel the monotonic reading
+// time.Since(base), which costs one vDSO read (time.Now costs two). A change of the system's
+// wall clock changes nothing: only monotonic readings decide firing.
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+func (systemClock) isClock()       {}
+
+// ManualClock is a Clock that moves only when Advance is called, for deterministic tests. A
+// Wheel built WithClock(m) reads time only from m and has no clock goroutine: Advance itself
+// advances the wheels, on the caller's goroutine.
+type ManualClock struct {
+	start   time.Time
+	elapsed atomic.Int64 // nanoseconds since start; saturates at math.MaxInt64
+
+	mu     sync.Mutex // guards wheels
+	wheels []*Wheel
+}
+
+// NewManualClock returns a manual clock that reads start until it is advanced.
+func NewManualClock(start time.Time) *ManualClock {
+	return &ManualClock{start: start}
+}
+
+// Now returns the start time plus every duration passed to Advance.
+func (c *ManualClock) Now() time.Time { return c.start.Add(time.Duration(c.elapsed.Load())) }
+
+func (c *ManualClock) isClock() {}
+
+// Advance moves the clock forward by d and, before it returns, dispatches every timer of every
+// wheel on this clock whose deadline is at or before the new time, in order of deadline (rounded
+// to the tick; ties in any order). With WithWorkers(0) those callbacks have also run, on this
+// goroutine. Advance(0) dispatches timers that are already due (d <= 0). A jump of years costs
+// one step per non-empty bucket, not per tick. The clock saturates at math.MaxInt64 nanoseconds
+// past its start, the end of time, where every timer is due.
+//
+// Advance panics if d is negative: time does not go backwards. Called from a callback that
+// Advance is running, it moves the clock and returns at once; the running Advance goes on to the
+// new time before it returns.
+func (c *ManualClock) Advance(d time.Duration) {
+	if d < 0 {
+		panic(fmt.Sprintf("shardwheel: ManualClock.Advance(%v): duration must not be negative", d))
+	}
+	for {
+		old := c.elapsed.Load()
+		n := old + int64(d)
+		if n < old {
+			n = math.MaxInt64
+		}
+		if c.elapsed.CompareAndSwap(old, n) {
+			break
+		}
+	}
+	c.mu.Lock()
+	ws := append([]*Wheel(nil), c.wheels...)
+	c.mu.Unlock()
+	for _, w := range ws {
+		w.advanceManual()
+	}
+}
+
+func (c *ManualClock) attach(w *Wheel) {
+	c.mu.Lock()
+	c.wheels = append(c.wheels, w)
+	c.mu.Unlock()
+}
+
+func (c *ManualClock) detach(w *Wheel) {
+	c.mu.Lock()
+	for i, x := range c.wheels {
+		if x == w {
+			c.wheels = append(c.wheels[:i], c.wheels[i+1:]...)
+			break
+		}
+	}
+	c.mu.Unlock()
+}
+
+// nanos returns the monotonic time since the wheel started, in nanoseconds, saturating at
+// math.MaxInt64.
+//
+// Where a coarse reading is safe and where it is not: the firing side may use a stale (early)
+// reading, since that only fires later; so the clock goroutine reads the time once per round. A
+// producer must never compute a deadline from a stale reading (that fires early, and with no
+// empty ticks the clock goroutine may have slept for an hour), so AfterFunc and Reset read the
+// monotonic clock themselves.
+func (w *Wheel) nanos() int64 {
+	if w.manual != nil {
+		return w.manual.elapsed.Load() - w.manualBase
+	}
+	return int64(time.Since(w.base))
+}
+
+// tickAt converts a reading to the tick in progress at it (rounded down, so a timer due at tick t
+// fires once the time is at least t*tick). math.MaxInt64, the end of time, is the tick of the
+// latest possible deadline.
+func (w *Wheel) tickAt(ns int64) int64 {
+	if ns == math.MaxInt64 {
+		return w.lastTick
+	}
+	return ns / w.tick
+}
+
+// deadline returns the tick at which a timer armed now with delay d comes due: never early, since
+// it is now+d rounded up to a whole tick (saturating, not wrapping, for any d up to
+// math.MaxInt64); a d <= 0 is due at the tick in progress, which the next advance takes.
+func (w *Wheel) deadline(d time.Duration) int64 { return w.deadlineFrom(w.nanos(), d) }
+
+// deadlineFrom is deadline for a timer armed at the reading now.
+func (w *Wheel) deadlineFrom(now int64, d time.Duration) int64 {
+	if d <= 0 {
+		return w.tickAt(now)
+	}
+	t := now + int64(d)
+	if t < now {
+		t = math.MaxInt64
+	}
+	return (t-1)/w.tick + 1
+}
+
+// runClock is the clock goroutine of a Wheel on the system clock: it sleeps until the earliest
+// next deadline over all shards, or until a producer wakes it for an earlier one, and advances
+// the shards that are due. With nothing due it sleeps on a channel: no ticks, no CPU.
+func (w *Wheel) runClock() {
+	defer close(w.clockDone)
+	w.advancer.Store(goid())
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	for {
+		select {
+		case <-w.quit:
+			return
+		default:
+		}
+		w.target.Store(awake)
+		w.advance()
+		next := w.minNext()
+		w.target.Store(next)
+		if w.minNext() < next {
+			continue // a producer lowered a shard's next before it could see the target
+		}
+		now := w.nanos()
+		if next <= w.tickAt(now) {
+			continue
+		}
+		if next > math.MaxInt64/w.tick {
+			select { // nothing due before the end of time: sleep until a producer wakes us
+			case <-w.wake:
+			case <-w.quit:
+				return
+			}
+			continue
+		}
+		t.Reset(time.Duration(next*w.tick - now))
+		select {
+		case <-t.C:
+		case <-w.wake:
+			t.Stop()
+		case <-w.quit:
+			t.Stop()
+			return
+		}
+	}
+}
+
+// advanceManual advances the wheel to its manual clock's time. A call from inside the running
+// advance of this wheel (a callback that calls Advance) returns at once: the running advance
+// re-reads the clock before it stops.
+func (w *Wheel) advanceManual() {
+	if !w.advMu.TryLock() {
+		if w.advancer.Load() == goid() {
+			return
+		}
+		w.advMu.Lock()
+	}
+	defer w.advMu.Unlock()
+	if w.closed.Load() {
+		return
+	}
+	w.advancer.Store(goid())
+	defer w.advancer.Store(0)
+	w.advance()
+}
+
+// advance fires every timer due by the current time. Each round reads the clock, takes the
+// earliest tick m that any shard may have due, advances every shard whose next is m to m, and
+// dispatches what fired; so timers fire in order of their tick across shards. A round that finds
+// nothing (a stale next) costs one lock per such shard; none are taken when nothing is due.
+// Only the advancer (the clock goroutine, or Advance under advMu) calls it.
+func (w *Wheel) advance() {
+	for {
+		now := w.tickAt(w.nanos())
+		m := w.minNext()
+		if m > now {
+			return
+		}
+		for _, s := range w.shards {
+			if s.next.Load() > m {
+				continue
+			}
+			s.mu.Lock()
+			s.advanceLocked(m)
+			s.mu.Unlock()
+		}
+		if len(w.batch) > 0 {
+			w.dispatch(w.batch)
+			clear(w.batch)
+			w.batch = w.batch[:0]
+		}
+		if w.closed.Load() {
+			return // Stop drops what is left
+		}
+	}
+}
+
+// minNext returns the earliest next over all shards.
+func (w *Wheel) minNext() int64 {
+	m := int64(never)
+	for _, s := range w.shards {
+		if n := s.next.Load(); n < m {
+			m = n
+		}
+	}
+	return m
+}

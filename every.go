@@ -1,0 +1,79 @@
+package shardwheel
+
+import (
+	"fmt"
+	"time"
+)
+
+// every is the argument of a periodic entry: the user's func, its interval and the shard the
+// entry lives on. Immutable after Every.
+type every struct {
+	f        func()
+	interval time.Duration
+	s        *shard
+}
+
+// Every runs f every interval until the returned Timer is stopped; the first run is due one
+// interval from now. The delay is fixed from the start of the previous run: the next run is due
+// one interval after the previous run started, and is armed only when that run has returned, so
+// runs of one Every never overlap and never pile up behind a slow f (a run that took longer than
+// the interval is followed at once by the next).
+//
+// The Timer's Stop reports true if it prevented a run that was still to come, also while a run is
+// in progress (that run completes; no other starts). Reset moves the next run while the series
+// waits for it. Every returns an error naming the value for an interval <= 0, ErrNilFunc for a nil
+// f, and as AfterFunc after Stop or past WithMaxPending. In Stats, each run counts once in
+// Scheduled and once in Fired, so the balance holds.
+func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
+	if f == nil {
+		return w.reject(ErrNilFunc)
+	}
+	if interval <= 0 {
+		w.rejected.Inc()
+		return Timer{}, fmt.Errorf("shardwheel: Every(%v): interval must be positive", durationArg(interval))
+	}
+	s := w.pickShard()
+	return w.schedule(s, interval, nil, &every{f: f, interval: interval, s: s}, true)
+}
+
+// runPeriodic runs one run of an Every; the worker has moved the entry from firing to running.
+// It counts the run as fired and the next run as scheduled before f starts, so that a Stop during
+// the run (running -> stopped, counted as stopped) keeps Scheduled == Fired + Stopped + Pending.
+// After f it re-arms the entry (running -> pending) with the same gen, so the Timer stays valid,
+// unless a Stop came first; then it frees the entry, which nothing else refers to.
+func (w *Wheel) runPeriodic(e *entry) {
+	ev := e.arg.(*every)
+	w.fired.Inc()
+	ev.s.scheduled.Inc()
+	start := w.nanos()
+	w.call(callFunc, ev.f)
+	when := w.deadlineFrom(start, ev.interval)
+	var gen uint64
+	for {
+		s := e.state.Load()
+		if isState(s, stStopped) {
+			freeEntry(e)
+			return
+		}
+		e.when.Store(when)
+		if e.state.CompareAndSwap(s, withState(s, stPending)) {
+			gen = genOf(s)
+			break
+		}
+	}
+	if !ev.s.send(e, gen, opAdd) {
+		// Wheel.Stop closed the ring during the run: the next run will never happen.
+		for {
+			s := e.state.Load()
+			if !isState(s, stPending) {
+				return // a Timer.Stop got it first and counted it
+			}
+			if e.state.CompareAndSwap(s, withState(s, stDropped)) {
+				w.dropped.Inc()
+				w.releasePending(1)
+				return
+			}
+		}
+	}
+	ev.s.noteDeadline(when)
+}

@@ -1,0 +1,211 @@
+package shardwheel
+
+import (
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"go.uber.org/atomic"
+)
+
+// cacheLineSize is the unit of false sharing on the machines this runs on: 64 bytes on amd64 and
+// most arm64 cores (Apple's M-series use 128; padding to 64 there costs some sharing, not
+// correctness). Only the shard header is padded: never entries or buckets, which number millions.
+const cacheLineSize = 64
+
+// shard is one slice of the Wheel: a ring that carries commands in, a hierarchical wheel with its
+// bucket heap, and the entries linked into it. A producer picks a shard once per AfterFunc
+// (Wheel.pickShard) and the Timer remembers it, so Stop and Reset go straight back to it.
+//
+// The first cache line is what producers write: the ring's tail, the published next deadline
+// (read by every producer, written rarely) and the counters of scheduled and stopped timers. It
+// is written by the goroutines of (mostly) one P, because pickShard maps a P to a shard.
+//
+// Everything after the padding is owned by whoever holds mu: the clock goroutine while it
+// advances the shard, or a producer that found the ring full and drains it itself. That is the
+// only place where ownership of entries changes hands: a producer hands an entry over by
+// publishing a command; the holder of mu takes it by popping the command.
+type shard struct {
+	ring      ring                                              // producer side; see ring.go
+	next      atomic.Int64                                      // a lower bound of the earliest deadline in the ring or the wheel (ticks)
+	scheduled atomic.Uint64                                     // timers accepted on this shard (each Every run counts once)
+	stopped   atomic.Uint64                                     // Timer.Stop calls that reported true for timers of this shard
+	_         [cacheLineSize - unsafe.Sizeof(ring{}) - 3*8]byte // the sum is pinned by a test
+
+	mu       sync.Mutex
+	head     uint64       // the ring's consumer position; owned by the holder of mu
+	tw       wheel        // owned by the holder of mu
+	w        *Wheel       // immutable
+	expireFn func(*entry) // s.expire, made once so that advance allocates nothing
+
+	// Shards are allocated one by one; this keeps the owner's fields above off the cache line
+	// of whatever the allocator puts next, which may be another shard's producer line.
+	_ [cacheLineSize]byte
+}
+
+func (s *shard) init(w *Wheel, ringSize int) {
+	s.w = w
+	s.ring.init(ringSize)
+	s.next.Store(never)
+	s.tw.elapsed = w.tickAt(w.nanos())
+	s.expireFn = s.expire
+}
+
+// send delivers a command to the shard; any goroutine may call it. It reports false only when
+// the ring was closed by Wheel.Stop. When the ring is full the caller becomes the consumer for a
+// moment: it takes mu and drains the ring into the wheel, then tries again. It never spins: it
+// either sleeps on mu, drains something, or yields to the one producer whose command blocks the
+// head of the ring (claimed, not yet published).
+func (s *shard) send(e *entry, gen uint64, op uint64) bool {
+	cmd := gen<<opBits | op
+	for {
+		switch s.ring.push(e, cmd) {
+		case ringOK:
+			return true
+		case ringClosedResult:
+			return false
+		}
+		s.mu.Lock()
+		took := s.drainLocked()
+		s.mu.Unlock()
+		if !took {
+			runtime.Gosched()
+		}
+	}
+}
+
+// noteDeadline lowers s.next to when, and wakes the clock goroutine if when is earlier than the
+// tick it sleeps until. Called by a producer after its command is published (after send).
+//
+// Why no wake-up is lost: the clock goroutine (runClock) sets target to awake before it looks at
+// the shards, stores the target it will sleep until, and then reads every s.next once more. If
+// this producer read awake, its CAS on next came before the goroutine's second read, which sees
+// it; otherwise it reads the final target and signals if it is earlier.
+func (s *shard) noteDeadline(when int64) {
+	for {
+		n := s.next.Load()
+		if when >= n {
+			return
+		}
+		if s.next.CompareAndSwap(n, when) {
+			break
+		}
+	}
+	if when < s.w.target.Load() {
+		select {
+		case s.w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// drainLocked applies every published command in the ring to the wheel and reports whether it
+// took any. The caller holds s.mu.
+func (s *shard) drainLocked() bool {
+	took := false
+	for {
+		e, cmd, ok := s.ring.pop(&s.head)
+		if !ok {
+			return took
+		}
+		took = true
+		s.applyLocked(e, cmd)
+	}
+}
+
+// applyLocked carries out one command. The caller holds s.mu.
+func (s *shard) applyLocked(e *entry, cmd uint64) {
+	gen := cmd >> opBits
+	switch cmd & opMask {
+	case opAdd:
+		// A timer stopped before its add arrived never touches the wheel: its cancel command
+		// follows this one and frees it. An entry cannot be reused before its add is taken.
+		if w := e.state.Load(); isGen(w, gen) && isState(w, stPending) {
+			s.tw.insert(e, e.when.Load())
+		}
+	case opCancel:
+		// Sent once, by the Stop that moved the entry from pending to stopped; only this
+		// command frees such an entry, so it is still ours here.
+		if e.linked {
+			s.tw.unlink(e)
+		}
+		freeEntry(e)
+	case opReset:
+		// Stale if the entry fired and was reused since (another gen: not ours to touch), or
+		// fired, or is between the runs of an Every (not linked; its add follows).
+		if w := e.state.Load(); isGen(w, gen) && isState(w, stPending) && e.linked {
+			s.tw.unlink(e)
+			s.tw.insert(e, e.when.Load())
+		}
+	}
+}
+
+// expire is called by wheel.advance for each entry of a bucket that came due, with
+// s.tw.elapsed set to that bucket's start. The caller holds s.mu, and is the Wheel's advancer.
+//
+// It reads the state word, then the deadline, then CASes the word it read: if a Reset stored a
+// later deadline in between, that Reset also bumped the version, the CAS fails and the loop
+// re-reads the new deadline (timer.go). So an entry fires only on a deadline that is due.
+func (s *shard) expire(e *entry) {
+	for {
+		w := e.state.Load()
+		if !isState(w, stPending) {
+			return // stopped: its cancel command frees it. dropped: the wheel is going away.
+		}
+		when := e.when.Load()
+		if when > s.tw.elapsed {
+			s.tw.insert(e, when) // cascade: a lower level, or later after a Reset
+			return
+		}
+		if e.state.CompareAndSwap(w, withState(w, stFiring)) {
+			s.w.batch = append(s.w.batch, e)
+			return
+		}
+	}
+}
+
+// advanceLocked drains the ring, fires what is due at tick now into the advancer's batch and
+// publishes the shard's next deadline. The caller holds s.mu and is the Wheel's advancer.
+func (s *shard) advanceLocked(now int64) {
+	s.drainLocked()
+	s.tw.advance(now, s.expireFn)
+	s.publishNextLocked()
+}
+
+// publishNextLocked stores the wheel's next due tick in s.next. A producer may publish a command
+// after the drain and lower next with its CAS before this store overwrites it; so after the store
+// the ring is drained once more, and if that took anything the store is repeated. A command that
+// is claimed but not yet published stays: its producer's noteDeadline comes after this store.
+func (s *shard) publishNextLocked() {
+	for {
+		s.next.Store(s.tw.nextDue())
+		if !s.drainLocked() {
+			return
+		}
+	}
+}
+
+// dropLocked moves every pending timer of the shard, in the ring or the wheel, to dropped and
+// returns how many it moved. The ring must be closed. Called by Wheel.Stop only.
+func (s *shard) dropLocked() int {
+	end := s.ring.close()
+	for s.head < end {
+		if !s.drainLocked() {
+			runtime.Gosched() // a push that claimed a slot before close is about to publish it
+		}
+	}
+	n := 0
+	s.tw.forEach(func(e *entry) {
+		for {
+			w := e.state.Load()
+			if !isState(w, stPending) {
+				return
+			}
+			if e.state.CompareAndSwap(w, withState(w, stDropped)) {
+				n++
+				return
+			}
+		}
+	})
+	return n
+}

@@ -1,0 +1,360 @@
+// Package shardwheel schedules and cancels millions of timers per second on every core: a sharded,
+// hierarchical timing wheel that replaces time.AfterFunc where timers are many and mostly stopped
+// (a timeout per RPC, per idle connection, per lease).
+//
+// The design comes from the classic timing wheels. Each shard owns a hierarchical wheel after
+// Varghese & Lauck (six levels of 64 slots, as in Tokio's wheel, plus an overflow bucket), whose
+// non-empty buckets sit in a min-heap so that time jumps from one due bucket to the next, as
+// Kafka's TimingWheel does with its DelayQueue; entries of a bucket that comes due are fired or
+// re-inserted one level down. Commands reach a shard through a bounded lock-free MPSC ring
+// (Vyukov's bounded queue), drained by whoever holds the shard, much as Netty's HashedWheelTimer
+// drains its pending and cancelled queues on the tick thread. One clock goroutine per Wheel sleeps
+// until the earliest deadline over all shards; expired callbacks run on a bounded worker pool.
+//
+// Guarantees:
+//   - Never early: a callback never starts before the moment of the call plus its delay, read
+//     from the monotonic clock; deadlines are rounded up to the tick.
+//   - Exactly once: every accepted timer ends in exactly one of: its callback ran once, one
+//     Timer.Stop reported true, or it was counted in the value Wheel.Stop returned.
+//   - Bounded goroutines: one clock goroutine plus WithWorkers workers, whatever the load.
+//   - AfterFuncArg followed by Timer.Stop allocates nothing in steady state.
+//
+// One Wheel per process is the normal use: it is sharded already, and each Wheel owns goroutines.
+package shardwheel
+
+import (
+	"errors"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v3"
+	"go.uber.org/atomic"
+)
+
+var (
+	// ErrClosed is returned when scheduling on a Wheel that was stopped.
+	ErrClosed = errors.New("shardwheel: wheel is stopped")
+	// ErrTooManyTimers is returned when scheduling would exceed WithMaxPending.
+	ErrTooManyTimers = errors.New("shardwheel: too many pending timers (WithMaxPending reached)")
+	// ErrNilFunc is returned when the callback is nil.
+	ErrNilFunc = errors.New("shardwheel: callback func is nil")
+)
+
+// A Wheel schedules callbacks. It is safe for use by any number of goroutines. Create it with New
+// and release its goroutines with Stop.
+//
+// Fields are immutable after New unless noted.
+type Wheel struct {
+	opts     options
+	tick     int64 // nanoseconds per tick
+	lastTick int64 // the tick of the end of time (math.MaxInt64 ns)
+	shards   []*shard
+	pool     pool
+
+	base       time.Time    // origin of the system clock's monotonic readings
+	manual     *ManualClock // nil for the system clock
+	manualBase int64        // manual.elapsed when the wheel started
+
+	closed atomic.Bool // set once by Stop; scheduling calls then fail fast
+
+	// The advancer: the clock goroutine, or the caller of ManualClock.Advance holding advMu.
+	advMu     sync.Mutex   // serialises manual advances with each other and with Stop
+	advancer  atomic.Int64 // goroutine id of the advancer while it runs (for Stop from a callback)
+	batch     []*entry     // entries fired in the current round; owned by the advancer
+	target    atomic.Int64 // tick the clock goroutine sleeps until; awake while it works
+	wake      chan struct{}
+	quit      chan struct{}
+	clockDone chan struct{}
+
+	stopOnce sync.Once
+	stopped  chan struct{} // closed when the first Stop has finished
+
+	// Counters off the producers' path: fired by workers, the rest rare.
+	fired, rejected, panics, dropped *xsync.Counter
+	pending                          atomic.Int64 // only with WithMaxPending; shared by design
+}
+
+// New starts a Wheel: its clock goroutine (none with a ManualClock) and its worker pool. An
+// invalid option returns a nil Wheel and an error that names the option and the value.
+func New(opts ...Option) (*Wheel, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	w := &Wheel{
+		opts:     o,
+		tick:     int64(o.tick),
+		lastTick: (math.MaxInt64-1)/int64(o.tick) + 1,
+		stopped:  make(chan struct{}),
+		fired:    xsync.NewCounter(),
+		rejected: xsync.NewCounter(),
+		panics:   xsync.NewCounter(),
+		dropped:  xsync.NewCounter(),
+	}
+	if m, ok := o.clock.(*ManualClock); ok {
+		w.manual = m
+		w.manualBase = m.elapsed.Load()
+		w.target.Store(awake) // nobody to wake: Advance drives the wheel
+	} else {
+		w.base = time.Now()
+		w.target.Store(never)
+		w.wake = make(chan struct{}, 1)
+		w.quit = make(chan struct{})
+		w.clockDone = make(chan struct{})
+	}
+	w.shards = make([]*shard, o.shards)
+	for i := range w.shards {
+		w.shards[i] = new(shard)
+		w.shards[i].init(w, o.ringSize)
+	}
+	w.pool.init(o.workers, o.queueSize)
+	w.startWorkers()
+	if w.manual != nil {
+		w.manual.attach(w)
+	} else {
+		go w.runClock()
+	}
+	return w, nil
+}
+
+// AfterFunc schedules f to run once, d from now, on the worker pool, and returns its Timer.
+// It never runs f early: not before the moment of the call plus d, on the monotonic clock.
+// d <= 0 runs f as soon as possible; any d up to math.MaxInt64 is accepted. It returns ErrNilFunc
+// if f is nil, ErrClosed after Stop, ErrTooManyTimers past WithMaxPending; nothing is scheduled
+// then. It does not block.
+func (w *Wheel) AfterFunc(d time.Duration, f func()) (Timer, error) {
+	if f == nil {
+		return w.reject(ErrNilFunc)
+	}
+	return w.schedule(nil, d, callFunc, f, false)
+}
+
+// callFunc runs a func() stored as the argument: func values are pointer-shaped, so storing one
+// in an interface allocates nothing.
+func callFunc(arg any) { arg.(func())() }
+
+// AfterFuncArg is AfterFunc for f(arg). It exists so that callers can schedule without allocating:
+// reuse one func value and pass a pointer as arg, and AfterFuncArg followed by Timer.Stop
+// allocates nothing in steady state.
+func (w *Wheel) AfterFuncArg(d time.Duration, f func(arg any), arg any) (Timer, error) {
+	if f == nil {
+		return w.reject(ErrNilFunc)
+	}
+	return w.schedule(nil, d, f, arg, false)
+}
+
+func (w *Wheel) reject(err error) (Timer, error) {
+	w.rejected.Inc()
+	return Timer{}, err
+}
+
+// schedule arms an entry and publishes it to shard s (nil: the caller's P's shard). The steps:
+// take an entry from the pool (arming bumps its gen), fill it, read the clock, publish the add
+// command (the ring orders the plain writes before it), count it, and note its deadline so that
+// the clock goroutine wakes if it is the earliest.
+func (w *Wheel) schedule(s *shard, d time.Duration, f func(any), arg any, periodic bool) (Timer, error) {
+	if w.closed.Load() {
+		return w.reject(ErrClosed)
+	}
+	if !w.reservePending() {
+		return w.reject(ErrTooManyTimers)
+	}
+	if s == nil {
+		s = w.pickShard()
+	}
+	e, gen := newEntry()
+	e.f, e.arg, e.periodic = f, arg, periodic
+	when := w.deadline(d)
+	e.when.Store(when)
+	if !s.send(e, gen, opAdd) {
+		// Stop closed the ring after the check above: not accepted.
+		freeEntry(e)
+		w.releasePending(1)
+		return w.reject(ErrClosed)
+	}
+	s.scheduled.Inc()
+	s.noteDeadline(when)
+	return Timer{e: e, s: s, gen: gen}, nil
+}
+
+// reservePending takes one unit of WithMaxPending, if set.
+func (w *Wheel) reservePending() bool {
+	if w.opts.maxPending == 0 {
+		return true
+	}
+	if w.pending.Inc() > int64(w.opts.maxPending) {
+		w.pending.Dec()
+		return false
+	}
+	return true
+}
+
+// releasePending returns n units of WithMaxPending, if set: a timer fired, was stopped or dropped.
+func (w *Wheel) releasePending(n int64) {
+	if w.opts.maxPending != 0 {
+		w.pending.Sub(n)
+	}
+}
+
+// shardToken maps a P to a shard. Tokens live in a sync.Pool, whose per-P caches return to each P
+// the token it last put back, so the goroutines of one P keep to one shard without touching any
+// cache line shared by all producers (the technique of xsync's striped counter).
+type shardToken struct{ n uint32 }
+
+var (
+	shardTokens sync.Pool
+	tokenSeq    atomic.Uint32
+)
+
+func (w *Wheel) pickShard() *shard {
+	if len(w.shards) == 1 {
+		return w.shards[0]
+	}
+	t, _ := shardTokens.Get().(*shardToken)
+	if t == nil {
+		t = &shardToken{n: tokenSeq.Inc()}
+	}
+	s := w.shards[t.n%uint32(len(w.shards))]
+	shardTokens.Put(t)
+	return s
+}
+
+// Len returns the number of pending timers: scheduled, and neither started nor stopped. A timer
+// whose callback waits in the worker queue is still pending. After Stop, Len is 0.
+func (w *Wheel) Len() int { return w.Stats().Pending }
+
+// Stats is a snapshot of a Wheel's counters. Each counter is read on its own, so a snapshot
+// taken while timers move may be off by those in flight; once the wheel is quiet,
+// Scheduled == Fired + Stopped + Dropped + Pending (and Dropped is 0 until Stop).
+type Stats struct {
+	Pending   int    // as Len
+	Scheduled uint64 // accepted by AfterFunc, AfterFuncArg and the helpers; each Every run once
+	Fired     uint64 // callbacks started (counted when they start running)
+	Stopped   uint64 // timers for which Timer.Stop reported true
+	Rejected  uint64 // scheduling calls that returned an error
+	Panics    uint64 // callbacks that panicked
+	Dropped   uint64 // timers pending at Wheel.Stop, which never run (the sum of what Stop returned)
+	Shards    int    // number of shards
+	Workers   int    // number of worker goroutines
+}
+
+// Stats returns a snapshot of the counters. It takes no lock.
+func (w *Wheel) Stats() Stats {
+	st := Stats{
+		Fired:    uint64(w.fired.Value()),
+		Rejected: uint64(w.rejected.Value()),
+		Panics:   uint64(w.panics.Value()),
+		Dropped:  uint64(w.dropped.Value()),
+		Shards:   len(w.shards),
+		Workers:  w.opts.workers,
+	}
+	for _, s := range w.shards {
+		st.Scheduled += s.scheduled.Load()
+		st.Stopped += s.stopped.Load()
+	}
+	p := int64(st.Scheduled) - int64(st.Fired) - int64(st.Stopped) - int64(st.Dropped)
+	if p < 0 || w.closed.Load() && isClosed(w.stopped) {
+		p = 0
+	}
+	st.Pending = int(p)
+	return st
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop stops the wheel and returns how many timers were pending and will now never run. Pending
+// timers never fire; callbacks already running, or already handed to the worker pool, run to
+// their end before Stop returns, and every goroutine the wheel started has exited by then.
+// Safe to call more than once and from several goroutines: later calls wait for the first to
+// finish and return 0. Called from inside a callback, Stop waits for every other callback but not
+// for the one it is called from; with WithWorkers(0) or CallerRuns, the rest of the batch that
+// callback was dispatched with still runs after it returns. After Stop, scheduling returns
+// ErrClosed and Len is 0.
+func (w *Wheel) Stop() int {
+	n := -1
+	w.stopOnce.Do(func() { n = w.stop() })
+	if n >= 0 {
+		return n
+	}
+	self := goid()
+	if w.advancer.Load() != self && !w.isWorker(self) {
+		<-w.stopped
+	}
+	return 0
+}
+
+func (w *Wheel) stop() int {
+	w.closed.Store(true)
+	self := goid()
+	onAdvancer := w.advancer.Load() == self
+	onWorker := w.isWorker(self)
+
+	// 1. Stop the advancer, so that nothing fires from here on. A worker that waits for the clock
+	// goroutine keeps running queued callbacks meanwhile: the clock goroutine may be blocked on
+	// a full queue (Block) that only this worker would empty.
+	if w.manual != nil {
+		w.manual.detach(w)
+		if !onAdvancer {
+			w.advMu.Lock()
+			defer w.advMu.Unlock()
+		}
+	} else {
+		close(w.quit)
+		if !onAdvancer {
+			w.waitClock(onWorker)
+		}
+	}
+
+	// 2. Close every ring and drop what is pending. A push that claimed its slot before the
+	// close is accepted and is dropped here; one after it returns ErrClosed.
+	n := 0
+	for _, s := range w.shards {
+		s.mu.Lock()
+		n += s.dropLocked()
+		s.mu.Unlock()
+	}
+	w.dropped.Add(int64(n))
+	w.releasePending(int64(n))
+
+	// 3. Let the workers finish what was handed to them, and wait for them (not for ourselves).
+	if w.pool.queue != nil {
+		close(w.pool.queue)
+		for i, done := range w.pool.done {
+			if w.pool.gids[i].Load() != self {
+				<-done
+			}
+		}
+	}
+	close(w.stopped)
+	// Every that re-armed after step 2 found its ring closed and counted itself in dropped.
+	return int(w.dropped.Value())
+}
+
+// waitClock waits for the clock goroutine to exit; on a worker it runs queued chunks meanwhile.
+func (w *Wheel) waitClock(onWorker bool) {
+	if !onWorker {
+		<-w.clockDone
+		return
+	}
+	for {
+		select {
+		case <-w.clockDone:
+			return
+		case c := <-w.pool.queue:
+			w.runChunk(c)
+		}
+	}
+}

@@ -1,0 +1,163 @@
+package shardwheel
+
+import (
+	"time"
+
+	"go.uber.org/atomic"
+)
+
+// The state word of an entry packs three fields into one uint64 so that every transition is one
+// CAS that also proves the caller holds the current generation:
+//
+//	bits  0..2   state    (free, pending, firing, running, stopped, dropped)
+//	bits  3..23  version  bumped by every successful Reset (21 bits)
+//	bits 24..63  gen      bumped each time the entry is taken from the pool (40 bits)
+//
+// A Timer remembers the gen it was armed with; any word with another gen belongs to a later
+// owner of the pooled entry, and the handle is inert. The version makes a Reset visible to the
+// shard's expiry CAS: the shard reads the word, then the deadline, then CASes the word it read,
+// so a Reset that stored a new deadline in between makes that CAS fail and the shard re-reads.
+//
+// Transitions, and who may make them:
+//
+//	free    -> pending  the producer, on an entry it just took from the pool (plain store)
+//	pending -> pending  Timer.Reset (version+1)
+//	pending -> stopped  Timer.Stop; it then sends a cancel command, and the shard frees the entry
+//	pending -> firing   the shard, when the deadline is due; the entry leaves the wheel
+//	pending -> dropped  Wheel.Stop; nobody frees the entry, the wheel is garbage
+//	firing  -> stopped  Timer.Stop (the callback has not started); the worker frees the entry
+//	firing  -> free     the worker, just before a one-shot callback starts
+//	firing  -> running  the worker, just before a periodic (Every) callback starts
+//	running -> stopped  Timer.Stop during a periodic run; the worker frees the entry after it
+//	running -> pending  the worker, re-arming a periodic timer after its run
+const (
+	stFree uint64 = iota
+	stPending
+	stFiring
+	stRunning
+	stStopped
+	stDropped
+
+	stateBits   = 3
+	versionBits = 21
+	genShift    = stateBits + versionBits
+	stateMask   = 1<<stateBits - 1
+	versionOne  = 1 << stateBits
+	versionMask = (1<<versionBits - 1) << stateBits
+)
+
+func stateOf(w uint64) uint64       { return w & stateMask }
+func genOf(w uint64) uint64         { return w >> genShift }
+func isGen(w, gen uint64) bool      { return genOf(w) == gen }
+func isState(w, s uint64) bool      { return stateOf(w) == s }
+func withState(w, s uint64) uint64  { return w&^stateMask | s }
+func bumpVersion(w uint64) uint64   { return w&^versionMask | (w+versionOne)&versionMask }
+func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPending }
+
+// entry is one timer. Entries are pooled (pool.go) and reused; the gen in the state word tells
+// one use from the next.
+//
+// Ownership, field by field:
+//   - state: atomic; transitions as in the table above.
+//   - when: atomic; the deadline in ticks. Written by the producer before the entry is published
+//     and by Timer.Reset; read by the shard that holds the entry.
+//   - f, arg, periodic: written by the producer before the entry is published through the ring
+//     (the ring's sequence store orders them), read by the worker that runs it; immutable between.
+//   - next, prev, level, slot, linked: owned by the shard goroutine (whoever holds shard.mu).
+//
+// 64 bytes, one size class; never padded (millions of them).
+type entry struct {
+	state    atomic.Uint64
+	when     atomic.Int64
+	next     *entry
+	prev     *entry
+	f        func(arg any)
+	arg      any
+	level    uint8
+	slot     uint8
+	linked   bool
+	periodic bool
+}
+
+// A Timer is the handle of a scheduled callback. It is a small value: copy it, compare it, keep it
+// in a struct. The zero Timer is a timer that never fires: Stop and Reset report false.
+//
+// A Timer stays valid after its callback ran or it was stopped, and then does nothing: the entry
+// behind it may serve another timer, and the generation it carries keeps it from touching that one.
+type Timer struct {
+	e   *entry
+	s   *shard
+	gen uint64
+}
+
+// Stop prevents the timer's callback from running. It reports true if and only if this call
+// prevented it: false if the callback has started (or, for Every, if the series has ended), the
+// timer was already stopped, the Wheel was stopped, or the handle is the zero Timer or stale. Stop
+// does not wait for a running callback. For a timer made by Every, true means no further run will
+// start, also when Stop is called while a run is in progress.
+//
+// Stop never blocks on the wheel: it is one CAS plus, for a timer still in the wheel, one command
+// in its shard's ring so that the entry is freed promptly.
+func (t Timer) Stop() bool {
+	e := t.e
+	if e == nil {
+		return false
+	}
+	for {
+		w := e.state.Load()
+		if !isGen(w, t.gen) {
+			return false
+		}
+		switch stateOf(w) {
+		case stPending:
+			if e.state.CompareAndSwap(w, withState(w, stStopped)) {
+				// The entry is in the ring or the wheel; the shard unlinks and frees it when it
+				// takes this command. If the ring was closed by Wheel.Stop, nobody needs it.
+				t.s.stopped.Inc()
+				t.s.w.releasePending(1)
+				t.s.send(e, t.gen, opCancel)
+				return true
+			}
+		case stFiring, stRunning:
+			// firing: dispatched, not started; the worker sees stopped and frees the entry.
+			// running: a periodic run is in progress; the worker will not re-arm it.
+			if e.state.CompareAndSwap(w, withState(w, stStopped)) {
+				t.s.stopped.Inc()
+				t.s.w.releasePending(1)
+				return true
+			}
+		default:
+			return false
+		}
+	}
+}
+
+// Reset re-arms a pending timer to fire d from now and reports true. If the timer has fired, is
+// firing, was stopped, or the handle is zero or stale, Reset does nothing and reports false.
+// d is read as in AfterFunc: never early, d <= 0 fires as soon as possible.
+func (t Timer) Reset(d time.Duration) bool {
+	e := t.e
+	if e == nil {
+		return false
+	}
+	s := t.s
+	when := s.w.deadline(d)
+	for {
+		w := e.state.Load()
+		if !isGen(w, t.gen) || !isState(w, stPending) {
+			return false
+		}
+		// 1. Store the deadline first, 2. then bump the version: a shard that read the old word
+		// and then this deadline CASes that old word and fails, so it never fires on a deadline
+		// it read while this Reset was under way, and never misses the new one.
+		e.when.Store(when)
+		if e.state.CompareAndSwap(w, bumpVersion(w)) {
+			break
+		}
+	}
+	// 3. Tell the shard to move the entry; a stale command (the timer fired meanwhile and the
+	// entry was reused) carries the old gen and is ignored.
+	s.send(e, t.gen, opReset)
+	s.noteDeadline(when)
+	return true
+}

@@ -1,0 +1,239 @@
+package shardwheel
+
+import (
+	"fmt"
+	"math/bits"
+)
+
+// The hierarchical wheel (Varghese & Lauck), in ticks. Level l has 64 slots of 64^l ticks each:
+//
+//	Level 0: 64 x 1 tick          (64 ms at the default 1 ms tick)
+//	Level 1: 64 x 64 ticks        (~4 s)
+//	Level 2: 64 x 4096 ticks      (~4.4 min)
+//	Level 3: 64 x 262144 ticks    (~4.7 h)
+//	Level 4: 64 x 16777216 ticks  (~12.4 days)
+//	Level 5: 64 x 1073741824 ticks (~2.2 years)
+//	Overflow: one parking bucket for anything further, re-examined every wheelSpan ticks.
+//
+// 64 slots per level because a level's occupancy is then one uint64 bitmap. A deadline goes to
+// the level of the highest 6-bit group in which it differs from the wheel's elapsed tick (as in
+// Tokio's wheel), so every entry of one bucket shares the bucket's start tick. When time reaches
+// that start the bucket is taken whole: entries that are due fire, the others are re-inserted one
+// level or more down (Kafka's cascade). Buckets are visited in order of their start through a
+// min-heap (Kafka's DelayQueue), so time jumps from one non-empty bucket to the next: no empty
+// ticks, and a jump of three years costs one visit per non-empty bucket.
+//
+// The wheel is plain data owned by one goroutine at a time (the holder of its shard's mutex):
+// no atomics and no locks here, except reading an entry's state and deadline through the
+// expire callback that the shard passes in.
+const (
+	slotBits   = 6
+	numSlots   = 1 << slotBits
+	slotMask   = numSlots - 1
+	numLevels  = 6
+	wheelBits  = slotBits * numLevels // 36
+	wheelSpan  = int64(1) << wheelBits
+	overflowLv = numLevels // the level index of the parking bucket
+)
+
+// levelFor returns the level at which an entry due at tick when belongs, seen from tick elapsed
+// (when >= elapsed): the highest 6-bit group in which the two differ, or overflowLv when they
+// differ above the top level. An entry due at elapsed itself is at level 0.
+func levelFor(elapsed, when int64) int {
+	masked := uint64(elapsed^when) | slotMask
+	lv := (63 - bits.LeadingZeros64(masked)) / slotBits
+	if lv > overflowLv {
+		lv = overflowLv
+	}
+	return lv
+}
+
+// slotFor returns the slot of tick when at a level below overflowLv.
+func slotFor(when int64, level int) int {
+	return int(uint64(when)>>(uint(level)*slotBits)) & slotMask
+}
+
+// bucketStart returns the tick at which the bucket holding when at level comes due: when with its
+// bits below the level cleared. For the overflow level it is the next multiple of wheelSpan
+// after elapsed.
+func bucketStart(elapsed, when int64, level int) int64 {
+	if level == overflowLv {
+		return (elapsed>>wheelBits + 1) << wheelBits
+	}
+	return when &^ (int64(1)<<(uint(level)*slotBits) - 1)
+}
+
+// bucket is one slot: an intrusive doubly-linked list of entries.
+type bucket struct {
+	head   *entry
+	start  int64 // tick at which the bucket comes due; valid while the bucket is in the heap
+	queued bool  // the heap holds a node for this bucket (possibly stale if it emptied since)
+}
+
+// wheel is the hierarchical timing wheel of one shard. Owned by the holder of shard.mu.
+type wheel struct {
+	elapsed  int64                           // ticks processed; never decreases
+	count    int                             // entries linked
+	occupied [numLevels + 1]uint64           // bit s of level l set iff buckets[l][s] is non-empty
+	buckets  [numLevels + 1][numSlots]bucket // level overflowLv uses slot 0 only
+	heap     bucketHeap
+}
+
+// insert links e so that it comes due at tick when. A deadline at or before elapsed (a timer
+// that was due while its command waited in the ring) goes to the bucket of elapsed itself, which
+// the next advance takes first.
+func (w *wheel) insert(e *entry, when int64) {
+	if when < w.elapsed {
+		when = w.elapsed
+	}
+	lv := levelFor(w.elapsed, when)
+	sl := 0
+	if lv != overflowLv {
+		sl = slotFor(when, lv)
+	}
+	b := &w.buckets[lv][sl]
+	if b.head == nil {
+		w.occupied[lv] |= 1 << uint(sl)
+		start := bucketStart(w.elapsed, when, lv)
+		// The bucket may still be queued from before it emptied; its start is then the same,
+		// because a bucket's start only changes once time has passed it, which pops the node.
+		if !b.queued {
+			b.start = start
+			b.queued = true
+			w.heap.push(heapNode{start: start, level: uint8(lv), slot: uint8(sl)})
+		}
+	}
+	e.prev = nil
+	e.next = b.head
+	if b.head != nil {
+		b.head.prev = e
+	}
+	b.head = e
+	e.level, e.slot, e.linked = uint8(lv), uint8(sl), true
+	w.count++
+}
+
+// unlink removes a linked entry from its bucket in O(1). The bucket's heap node stays and is
+// discarded when it reaches the top.
+func (w *wheel) unlink(e *entry) {
+	b := &w.buckets[e.level][e.slot]
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		b.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	}
+	if b.head == nil {
+		w.occupied[e.level] &^= 1 << e.slot
+	}
+	e.next, e.prev, e.linked = nil, nil, false
+	w.count--
+}
+
+// nextDue returns the start of the earliest non-empty bucket, or never if the wheel is empty.
+// It drops stale heap nodes on the way.
+func (w *wheel) nextDue() int64 {
+	for w.heap.len() > 0 {
+		n := w.heap.top()
+		b := &w.buckets[n.level][n.slot]
+		if b.head != nil {
+			return n.start
+		}
+		w.heap.pop()
+		b.queued = false
+	}
+	return never
+}
+
+// advance takes, in order of their start, every bucket that comes due at or before now, and hands
+// each of its entries to expire with elapsed set to the bucket's start. expire either fires the
+// entry or re-inserts it (it is then linked into a lower level, never into the bucket being
+// taken). Afterwards elapsed is now.
+func (w *wheel) advance(now int64, expire func(e *entry)) {
+	if now < w.elapsed {
+		return // time never goes backwards; a stale reading is simply early
+	}
+	for w.heap.len() > 0 {
+		n := w.heap.top()
+		if n.start > now {
+			break
+		}
+		w.heap.pop()
+		b := &w.buckets[n.level][n.slot]
+		b.queued = false
+		if b.head == nil {
+			continue
+		}
+		w.elapsed = n.start
+		list := b.head
+		b.head = nil
+		w.occupied[n.level] &^= 1 << n.slot
+		for e := list; e != nil; {
+			next := e.next
+			e.next, e.prev, e.linked = nil, nil, false
+			w.count--
+			expire(e)
+			e = next
+		}
+	}
+	w.elapsed = now
+}
+
+// forEach calls fn for every linked entry. Used by Wheel.Stop and tests.
+func (w *wheel) forEach(fn func(e *entry)) {
+	for lv := range w.buckets {
+		for sl := range w.buckets[lv] {
+			for e := w.buckets[lv][sl].head; e != nil; e = e.next {
+				fn(e)
+			}
+		}
+	}
+}
+
+// verify checks the wheel's invariants and returns the first violation: each bitmap bit matches
+// its bucket, each linked entry names its own bucket and is counted, each non-empty bucket is in
+// the heap with a start at or after elapsed that its slot math agrees with, and the heap is a heap.
+func (w *wheel) verify() error {
+	n := 0
+	for lv := range w.buckets {
+		for sl := range w.buckets[lv] {
+			b := &w.buckets[lv][sl]
+			bit := w.occupied[lv]&(1<<uint(sl)) != 0
+			if bit != (b.head != nil) {
+				return fmt.Errorf("level %d slot %d: bitmap bit %v, bucket non-empty %v", lv, sl, bit, b.head != nil)
+			}
+			if b.head == nil {
+				continue
+			}
+			if !b.queued {
+				return fmt.Errorf("level %d slot %d: non-empty bucket not in the heap", lv, sl)
+			}
+			if b.start < w.elapsed {
+				return fmt.Errorf("level %d slot %d: start %d before elapsed %d", lv, sl, b.start, w.elapsed)
+			}
+			var maps bool
+			if lv == overflowLv {
+				maps = b.start == bucketStart(w.elapsed, 0, overflowLv)
+			} else {
+				maps = slotFor(b.start, lv) == sl && (b.start == w.elapsed && lv == 0 || levelFor(w.elapsed, b.start) == lv)
+			}
+			if !maps {
+				return fmt.Errorf("level %d slot %d: start %d does not map here from elapsed %d", lv, sl, b.start, w.elapsed)
+			}
+			var prev *entry
+			for e := b.head; e != nil; e = e.next {
+				if !e.linked || int(e.level) != lv || int(e.slot) != sl || e.prev != prev {
+					return fmt.Errorf("level %d slot %d: entry links or position wrong", lv, sl)
+				}
+				prev = e
+				n++
+			}
+		}
+	}
+	if n != w.count {
+		return fmt.Errorf("count %d, linked entries %d", w.count, n)
+	}
+	return w.heap.verify()
+}
