@@ -3,6 +3,7 @@ package shardwheel
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -94,11 +95,8 @@ func (c *ManualClock) attach(w *Wheel) {
 
 func (c *ManualClock) detach(w *Wheel) {
 	c.mu.Lock()
-	for i, x := range c.wheels {
-		if x == w {
-			c.wheels = append(c.wheels[:i], c.wheels[i+1:]...)
-			break
-		}
+	if i := slices.Index(c.wheels, w); i >= 0 {
+		c.wheels = slices.Delete(c.wheels, i, i+1) // clears the vacated slot: no reference kept
 	}
 	c.mu.Unlock()
 }

@@ -54,11 +54,12 @@ func slotFor(when int64, level int) int {
 }
 
 // bucketStart returns the tick at which the bucket holding when at level comes due: when with its
-// bits below the level cleared. For the overflow level it is the next multiple of wheelSpan
-// after elapsed.
-func bucketStart(elapsed, when int64, level int) int64 {
+// bits below the level cleared. For the overflow level that is the start of when's 2^36-tick era,
+// the first tick at which when is within the wheel's reach; the overflow bucket comes due at the
+// earliest such start among its entries, so a timer years out costs one visit, not one per era.
+func bucketStart(when int64, level int) int64 {
 	if level == overflowLv {
-		return (elapsed>>wheelBits + 1) << wheelBits
+		return when &^ (wheelSpan - 1)
 	}
 	return when &^ (int64(1)<<(uint(level)*slotBits) - 1)
 }
@@ -94,14 +95,17 @@ func (w *wheel) insert(e *entry, when int64) {
 	b := &w.buckets[lv][sl]
 	if b.head == nil {
 		w.occupied[lv] |= 1 << uint(sl)
-		start := bucketStart(w.elapsed, when, lv)
-		// The bucket may still be queued from before it emptied; its start is then the same,
-		// because a bucket's start only changes once time has passed it, which pops the node.
-		if !b.queued {
-			b.start = start
-			b.queued = true
-			w.heap.push(heapNode{start: start, level: uint8(lv), slot: uint8(sl)})
-		}
+	}
+	// A level bucket's start is the same for all its entries (they share the bits above the
+	// level with elapsed, and its start only changes once time passed it, which pops its node),
+	// so one node per bucket. The overflow bucket's start is the earliest era start of its
+	// entries: an earlier one pushes a new node, and the old node is dropped as stale when it
+	// reaches the top. A start kept from an entry that left is early, which is safe: the visit
+	// re-parks what is still out of reach.
+	if start := bucketStart(when, lv); !b.queued || start < b.start {
+		b.start = start
+		b.queued = true
+		w.heap.push(heapNode{start: start, level: uint8(lv), slot: uint8(sl)})
 	}
 	e.prev = nil
 	e.next = b.head
@@ -137,14 +141,27 @@ func (w *wheel) unlink(e *entry) {
 func (w *wheel) nextDue() int64 {
 	for w.heap.len() > 0 {
 		n := w.heap.top()
-		b := &w.buckets[n.level][n.slot]
-		if b.head != nil {
+		if w.live(n) {
 			return n.start
 		}
-		w.heap.pop()
-		b.queued = false
+		w.popNode()
 	}
 	return never
+}
+
+// live reports whether a heap node still stands for a non-empty bucket due at its start.
+func (w *wheel) live(n heapNode) bool {
+	b := &w.buckets[n.level][n.slot]
+	return b.head != nil && b.queued && b.start == n.start
+}
+
+// popNode removes the heap's top node; if it was its bucket's node, the bucket is no longer queued.
+func (w *wheel) popNode() heapNode {
+	n := w.heap.pop()
+	if b := &w.buckets[n.level][n.slot]; b.start == n.start {
+		b.queued = false
+	}
+	return n
 }
 
 // advance takes, in order of their start, every bucket that comes due at or before now, and hands
@@ -160,12 +177,12 @@ func (w *wheel) advance(now int64, expire func(e *entry)) {
 		if n.start > now {
 			break
 		}
-		w.heap.pop()
-		b := &w.buckets[n.level][n.slot]
-		b.queued = false
-		if b.head == nil {
+		live := w.live(n)
+		w.popNode()
+		if !live {
 			continue
 		}
+		b := &w.buckets[n.level][n.slot]
 		w.elapsed = n.start
 		list := b.head
 		b.head = nil
@@ -213,12 +230,8 @@ func (w *wheel) verify() error {
 			if b.start < w.elapsed {
 				return fmt.Errorf("level %d slot %d: start %d before elapsed %d", lv, sl, b.start, w.elapsed)
 			}
-			var maps bool
-			if lv == overflowLv {
-				maps = b.start == bucketStart(w.elapsed, 0, overflowLv)
-			} else {
-				maps = slotFor(b.start, lv) == sl && (b.start == w.elapsed && lv == 0 || levelFor(w.elapsed, b.start) == lv)
-			}
+			maps := lv == overflowLv ||
+				slotFor(b.start, lv) == sl && (b.start == w.elapsed && lv == 0 || levelFor(w.elapsed, b.start) == lv)
 			if !maps {
 				return fmt.Errorf("level %d slot %d: start %d does not map here from elapsed %d", lv, sl, b.start, w.elapsed)
 			}
@@ -226,6 +239,9 @@ func (w *wheel) verify() error {
 			for e := b.head; e != nil; e = e.next {
 				if !e.linked || int(e.level) != lv || int(e.slot) != sl || e.prev != prev {
 					return fmt.Errorf("level %d slot %d: entry links or position wrong", lv, sl)
+				}
+				if lv == overflowLv && bucketStart(e.when.Load(), lv) < b.start {
+					return fmt.Errorf("overflow: entry due %d parked past its era start %d", e.when.Load(), b.start)
 				}
 				prev = e
 				n++

@@ -1,0 +1,214 @@
+package shardwheel_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	sw "github.com/shardwheel/shardwheel"
+	"github.com/stretchr/testify/require"
+)
+
+// levelWidth is the number of ticks one slot of a level spans.
+func levelWidth(level int) int64 { return int64(1) << (uint(level) * sw.SlotBits) }
+
+// TestSlotFor checks slotFor over every slot of every level, with noise below and above.
+func TestSlotFor(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for level := 0; level < sw.NumLevels; level++ {
+		for slot := 0; slot < sw.NumSlots; slot++ {
+			base := int64(slot) << (uint(level) * sw.SlotBits)
+			for range 8 {
+				below := rng.Int64N(levelWidth(level))
+				above := rng.Int64N(1<<20) << (uint(level+1) * sw.SlotBits)
+				when := above | base | below
+				require.Equal(t, slot, sw.SlotFor(when, level), "level %d slot %d when %d", level, slot, when)
+			}
+		}
+	}
+}
+
+// TestLevelFor checks levelFor and bucketStart over every slot of every level: a deadline in slot
+// s of level l, seen from an elapsed tick that agrees with it above l and is below it at l, is at
+// level l, and its bucket starts after elapsed, at or before the deadline.
+func TestLevelFor(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for level := 0; level < sw.NumLevels; level++ {
+		for slot := 1; slot < sw.NumSlots; slot++ {
+			for range 8 {
+				shift := uint(level) * sw.SlotBits
+				upper := rng.Int64N(1<<20) << (shift + sw.SlotBits)
+				elapsedDigit := rng.Int64N(int64(slot))
+				elapsed := upper | elapsedDigit<<shift | rng.Int64N(levelWidth(level))
+				when := upper | int64(slot)<<shift | rng.Int64N(levelWidth(level))
+				require.Equal(t, level, sw.LevelFor(elapsed, when), "elapsed %d when %d", elapsed, when)
+				start := sw.BucketStart(when, level)
+				require.Greater(t, start, elapsed)
+				require.LessOrEqual(t, start, when)
+				require.Equal(t, int64(0), start%levelWidth(level))
+			}
+		}
+	}
+	// A deadline equal to elapsed is at level 0; one past the top level overflows.
+	require.Equal(t, 0, sw.LevelFor(12345, 12345))
+	require.Equal(t, sw.Overflow, sw.LevelFor(0, sw.WheelSpan))
+	require.Equal(t, sw.Overflow, sw.LevelFor(5, math.MaxInt64))
+	require.Equal(t, sw.NumLevels-1, sw.LevelFor(0, sw.WheelSpan-1))
+	require.Equal(t, int64(math.MaxInt64)&^(sw.WheelSpan-1), sw.BucketStart(math.MaxInt64, sw.Overflow))
+	require.Equal(t, 3*sw.WheelSpan, sw.BucketStart(3*sw.WheelSpan+7, sw.Overflow))
+}
+
+// TestWheelCascade inserts deadlines across every level and beyond the top, advances in random
+// steps, and checks that each entry fires exactly once, at its own tick (never before, and never
+// after the tick of the advance that passed it), in deadline order, with the wheel's invariants
+// holding after every step.
+func TestWheelCascade(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for round := 0; round < 20; round++ {
+		start := rng.Int64N(1 << 40)
+		tw := sw.NewTestWheel(start)
+		want := map[int]int64{}
+		n := 2000
+		for id := 0; id < n; id++ {
+			// Spread deadlines over every level: a random level, then a random offset in it.
+			level := rng.IntN(sw.NumLevels + 1)
+			span := levelWidth(level) * sw.NumSlots
+			if level == sw.NumLevels {
+				span = 1 << 45
+			}
+			when := start + rng.Int64N(span)
+			tw.Insert(id, when)
+			want[id] = when
+		}
+		require.NoError(t, tw.Verify())
+		require.Equal(t, n, tw.Len())
+
+		now := start
+		for tw.Len() > 0 {
+			// Jump to just before, at, or past the next due bucket.
+			next := tw.NextDue()
+			require.GreaterOrEqual(t, next, now)
+			switch rng.IntN(3) {
+			case 0:
+				now = next
+			case 1:
+				now = next + rng.Int64N(100)
+			default:
+				now += rng.Int64N(1 << uint(rng.IntN(40)))
+			}
+			before := len(tw.Fired)
+			tw.Advance(now)
+			require.Equal(t, now, tw.Elapsed())
+			require.NoError(t, tw.Verify())
+			for _, f := range tw.Fired[before:] {
+				require.Equal(t, want[f.ID], f.When)
+				require.Equal(t, f.When, f.At, "entry %d fired at tick %d, due %d", f.ID, f.At, f.When)
+				require.LessOrEqual(t, f.When, now)
+			}
+			// Whatever is left is due after now.
+			if tw.Len() > 0 {
+				require.Greater(t, tw.NextDue(), now)
+			}
+		}
+		require.Len(t, tw.Fired, n)
+		seen := map[int]bool{}
+		for i, f := range tw.Fired {
+			require.False(t, seen[f.ID], "entry %d fired twice", f.ID)
+			seen[f.ID] = true
+			if i > 0 {
+				require.LessOrEqual(t, tw.Fired[i-1].When, f.When, "fired out of deadline order")
+			}
+		}
+		require.Zero(t, tw.Len(), "entries left")
+	}
+}
+
+// TestWheelUnlinkAndMove checks O(1) unlink and re-link: bitmaps and buckets agree after each,
+// unlinked entries never fire and moved ones fire at their new tick.
+func TestWheelUnlinkAndMove(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	tw := sw.NewTestWheel(0)
+	want := map[int]int64{}
+	for id := 0; id < 5000; id++ {
+		when := rng.Int64N(1 << 30)
+		tw.Insert(id, when)
+		want[id] = when
+	}
+	for id := 0; id < 5000; id += 3 {
+		tw.Unlink(id)
+		delete(want, id)
+		require.NoError(t, tw.Verify())
+	}
+	for id := 1; id < 5000; id += 3 {
+		when := rng.Int64N(1 << 30)
+		tw.Move(id, when)
+		want[id] = when
+	}
+	require.NoError(t, tw.Verify())
+	tw.Advance(1 << 31)
+	require.NoError(t, tw.Verify())
+	require.Len(t, tw.Fired, len(want))
+	for _, f := range tw.Fired {
+		require.Equal(t, want[f.ID], f.When)
+		require.Equal(t, f.When, f.At)
+	}
+	for l := 0; l <= sw.NumLevels; l++ {
+		require.Zero(t, tw.Occupied(l), "level %d bitmap after the wheel emptied", l)
+	}
+}
+
+// TestWheelOverflow parks deadlines far beyond the top level, up to the end of time, and checks
+// that they re-cascade and fire at their exact tick, each in a handful of advances (no empty
+// ticks), and that one already due goes to the bucket of elapsed.
+func TestWheelOverflow(t *testing.T) {
+	tw := sw.NewTestWheel(0)
+	far := []int64{sw.WheelSpan, sw.WheelSpan + 1, 5*sw.WheelSpan + 12345, 1 << 50, math.MaxInt64 - 1, math.MaxInt64}
+	for id, when := range far {
+		tw.Insert(id, when)
+		require.Equal(t, sw.Overflow, tw.Level(id))
+	}
+	require.NoError(t, tw.Verify())
+	steps := 0
+	for tw.Len() > 0 {
+		tw.Advance(tw.NextDue())
+		require.NoError(t, tw.Verify())
+		steps++
+	}
+	require.Len(t, tw.Fired, len(far))
+	for i, f := range tw.Fired {
+		require.Equal(t, far[i], f.When)
+		require.Equal(t, f.When, f.At)
+	}
+	// Each step is one visit of a due bucket: a few per entry, not one per tick or per era.
+	require.Less(t, steps, 20*len(far))
+
+	// A deadline before elapsed (its command waited in a ring) fires at the next advance.
+	tw.Insert(100, 5)
+	require.NoError(t, tw.Verify())
+	tw.Advance(tw.Elapsed())
+	require.Equal(t, 100, tw.Fired[len(tw.Fired)-1].ID)
+}
+
+// TestWheelBitmapMatchesSlots fills random slots and checks the bitmaps bit by bit.
+func TestWheelBitmapMatchesSlots(t *testing.T) {
+	tw := sw.NewTestWheel(0)
+	var want [sw.NumLevels + 1]uint64
+	for level := 0; level < sw.NumLevels; level++ {
+		for _, slot := range []int{1, 2, 17, 63} {
+			id := level*100 + slot
+			tw.Insert(id, int64(slot)<<(uint(level)*sw.SlotBits))
+			want[level] |= 1 << uint(slot)
+		}
+	}
+	for level := range want {
+		require.Equal(t, want[level], tw.Occupied(level), "level %d", level)
+	}
+	require.NoError(t, tw.Verify())
+}
+
+// TestLayout pins the sizes that the memory and false-sharing claims rest on.
+func TestLayout(t *testing.T) {
+	require.Equal(t, uintptr(64), sw.EntrySize, "an entry must stay one 64-byte size class")
+	require.Equal(t, sw.CacheLineSize, sw.ShardHotFields, "the producers' fields fill exactly one line")
+	require.Equal(t, sw.CacheLineSize, sw.ShardHotSize, "the owner's fields start on the next line")
+}
