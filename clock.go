@@ -127,8 +127,9 @@ func (w *Wheel) tickAt(ns int64) int64 {
 }
 
 // deadline returns the tick at which a timer armed now with delay d comes due: never early, since
-// it is now+d rounded up to a whole tick (saturating, not wrapping, for any d up to
-// math.MaxInt64); a d <= 0 is due at the tick in progress, which the next advance takes.
+// it is now+d rounded up to a whole tick; a d <= 0 is due at the tick in progress, which the next
+// advance takes. Any d up to math.MaxInt64 is accepted; a deadline past the end of time
+// (math.MaxInt64 ns after the wheel started) saturates there, where a manual clock can reach it.
 func (w *Wheel) deadline(d time.Duration) int64 { return w.deadlineFrom(w.nanos(), d) }
 
 // deadlineFrom is deadline for a timer armed at the reading now.
@@ -138,7 +139,7 @@ func (w *Wheel) deadlineFrom(now int64, d time.Duration) int64 {
 	}
 	t := now + int64(d)
 	if t < now {
-		t = math.MaxInt64
+		t = math.MaxInt64 // saturate at the end of time, never wrap
 	}
 	return (t-1)/w.tick + 1
 }
@@ -147,8 +148,14 @@ func (w *Wheel) deadlineFrom(now int64, d time.Duration) int64 {
 // next deadline over all shards, or until a producer wakes it for an earlier one, and advances
 // the shards that are due. With nothing due it sleeps on a channel: no ticks, no CPU.
 func (w *Wheel) runClock() {
-	defer close(w.clockDone)
-	w.advancer.Store(goid())
+	self := goid()
+	w.advancer.Store(self)
+	defer func() {
+		close(w.clockDone)
+		if w.stopDeferred {
+			w.finishStop(self)
+		}
+	}()
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	for {
@@ -202,9 +209,13 @@ func (w *Wheel) advanceManual() {
 	if w.closed.Load() {
 		return
 	}
-	w.advancer.Store(goid())
-	defer w.advancer.Store(0)
+	self := goid()
+	w.advancer.Store(self)
 	w.advance()
+	w.advancer.Store(0)
+	if w.stopDeferred {
+		w.finishStop(self)
+	}
 }
 
 // advance fires every timer due by the current time. Each round reads the clock, takes the
@@ -226,6 +237,9 @@ func (w *Wheel) advance() {
 			s.mu.Lock()
 			s.advanceLocked(m)
 			s.mu.Unlock()
+		}
+		if len(w.batch) == 0 && m == never {
+			return // at the end of time with a 1ns tick, empty shards look due: nothing is
 		}
 		if len(w.batch) > 0 {
 			w.dispatch(w.batch)

@@ -2,6 +2,7 @@ package shardwheel
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -48,6 +49,24 @@ func (w *Wheel) runPeriodic(e *entry) {
 	start := w.nanos()
 	w.call(callFunc, ev.f)
 	when := w.deadlineFrom(start, ev.interval)
+	if w.manual != nil && w.manual.elapsed.Load() == math.MaxInt64 {
+		// A manual clock at the end of time cannot move again, and every deadline is due there:
+		// re-arming would run the series forever inside one Advance. The series ends here and
+		// its next run counts as dropped, as if Wheel.Stop had ended it.
+		for {
+			s := e.state.Load()
+			if isState(s, stStopped) {
+				break // a Stop during this run got it first and counted it
+			}
+			if e.state.CompareAndSwap(s, withState(s, stDropped)) {
+				w.dropped.Inc()
+				w.releasePending(1)
+				break
+			}
+		}
+		freeEntry(e)
+		return
+	}
 	var gen uint64
 	for {
 		s := e.state.Load()
@@ -61,7 +80,7 @@ func (w *Wheel) runPeriodic(e *entry) {
 			break
 		}
 	}
-	if !ev.s.send(e, gen, opAdd) {
+	if ok, _ := ev.s.send(e, gen, opAdd); !ok {
 		// Wheel.Stop closed the ring during the run: the next run will never happen.
 		for {
 			s := e.state.Load()

@@ -51,7 +51,8 @@ type ringSlot struct {
 type pushResult int
 
 const (
-	ringOK pushResult = iota
+	ringOK          pushResult = iota
+	ringOKContended            // pushed, but another producer won a CAS on tail first
 	ringFull
 	ringClosedResult
 )
@@ -70,6 +71,7 @@ func (r *ring) init(size int) {
 
 // push appends a command. Any goroutine may call it. It never blocks.
 func (r *ring) push(e *entry, cmd uint64) pushResult {
+	ok := ringOK
 	for {
 		t := r.tail.Load()
 		if t&ringClosed != 0 {
@@ -82,13 +84,15 @@ func (r *ring) push(e *entry, cmd uint64) pushResult {
 			if r.tail.CompareAndSwap(t, t+1) {
 				s.e, s.cmd = e, cmd
 				s.seq.Store(t + 1) // publish
-				return ringOK
+				return ok
 			}
+			ok = ringOKContended
 		case seq < t:
 			// The slot still holds the command of the previous lap: full.
 			return ringFull
 		}
 		// Another producer claimed t first; try the next position.
+		ok = ringOKContended
 	}
 }
 

@@ -52,19 +52,23 @@ func (s *shard) init(w *Wheel, ringSize int) {
 }
 
 // send delivers a command to the shard; any goroutine may call it. It reports false only when
-// the ring was closed by Wheel.Stop. When the ring is full the caller becomes the consumer for a
+// the ring was closed by Wheel.Stop; contended reports that another producer raced it for the
+// ring's tail, a sign that two Ps share this shard. When the ring is full the caller becomes the consumer for a
 // moment: it takes mu and drains the ring into the wheel, then tries again. It never spins: it
 // either sleeps on mu, drains something, or yields to the one producer whose command blocks the
 // head of the ring (claimed, not yet published).
-func (s *shard) send(e *entry, gen uint64, op uint64) bool {
+func (s *shard) send(e *entry, gen uint64, op uint64) (ok, contended bool) {
 	cmd := gen<<opBits | op
 	for {
 		switch s.ring.push(e, cmd) {
 		case ringOK:
-			return true
+			return true, contended
+		case ringOKContended:
+			return true, true
 		case ringClosedResult:
-			return false
+			return false, contended
 		}
+		contended = true
 		s.mu.Lock()
 		took := s.drainLocked()
 		s.mu.Unlock()

@@ -25,6 +25,7 @@ package shardwheel
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -59,13 +60,16 @@ type Wheel struct {
 	closed atomic.Bool // set once by Stop; scheduling calls then fail fast
 
 	// The advancer: the clock goroutine, or the caller of ManualClock.Advance holding advMu.
-	advMu     sync.Mutex   // serialises manual advances with each other and with Stop
-	advancer  atomic.Int64 // goroutine id of the advancer while it runs (for Stop from a callback)
-	batch     []*entry     // entries fired in the current round; owned by the advancer
-	target    atomic.Int64 // tick the clock goroutine sleeps until; awake while it works
-	wake      chan struct{}
-	quit      chan struct{}
-	clockDone chan struct{}
+	advMu    sync.Mutex   // serialises manual advances with each other and with Stop
+	advancer atomic.Int64 // goroutine id of the advancer while it runs (for Stop from a callback)
+	batch    []*entry     // entries fired in the current round; owned by the advancer
+	// stopDeferred: Stop ran inside a callback on the advancer, which must finish the shutdown.
+	// Written and read only on the advancer's goroutine.
+	stopDeferred bool
+	target       atomic.Int64 // tick the clock goroutine sleeps until; awake while it works
+	wake         chan struct{}
+	quit         chan struct{}
+	clockDone    chan struct{}
 
 	stopOnce sync.Once
 	stopped  chan struct{} // closed when the first Stop has finished
@@ -165,14 +169,22 @@ func (w *Wheel) schedule(s *shard, d time.Duration, f func(any), arg any, period
 	if !w.reservePending() {
 		return w.reject(ErrTooManyTimers)
 	}
+	var tok *shardToken
 	if s == nil {
-		s = w.pickShard()
+		tok, s = w.takeShard()
 	}
 	e, gen := newEntry()
 	e.f, e.arg, e.periodic = f, arg, periodic
 	when := w.deadline(d)
 	e.when.Store(when)
-	if !s.send(e, gen, opAdd) {
+	ok, contended := s.send(e, gen, opAdd)
+	if tok != nil {
+		if contended {
+			tok.n = rand.Uint32() // another P uses this shard too: move to another one
+		}
+		shardTokens.Put(tok)
+	}
+	if !ok {
 		// Stop closed the ring after the check above: not accepted.
 		freeEntry(e)
 		w.releasePending(1)
@@ -204,24 +216,32 @@ func (w *Wheel) releasePending(n int64) {
 
 // shardToken maps a P to a shard. Tokens live in a sync.Pool, whose per-P caches return to each P
 // the token it last put back, so the goroutines of one P keep to one shard without touching any
-// cache line shared by all producers (the technique of xsync's striped counter).
+// cache line shared by all producers. The pool may hand a token to another P (it steals), and two
+// Ps can then share a shard; a producer that loses a race for its shard's ring draws a new random
+// shard for its token, so sharing does not last (xsync's striped counter rehashes the same way).
 type shardToken struct{ n uint32 }
 
-var (
-	shardTokens sync.Pool
-	tokenSeq    atomic.Uint32
-)
+var shardTokens sync.Pool
 
-func (w *Wheel) pickShard() *shard {
+// takeShard returns the caller's token (nil with one shard) and its shard. The caller puts the
+// token back when its command is sent.
+func (w *Wheel) takeShard() (*shardToken, *shard) {
 	if len(w.shards) == 1 {
-		return w.shards[0]
+		return nil, w.shards[0]
 	}
 	t, _ := shardTokens.Get().(*shardToken)
 	if t == nil {
-		t = &shardToken{n: tokenSeq.Inc()}
+		t = &shardToken{n: rand.Uint32()}
 	}
-	s := w.shards[t.n%uint32(len(w.shards))]
-	shardTokens.Put(t)
+	return t, w.shards[t.n%uint32(len(w.shards))]
+}
+
+// pickShard returns the caller's shard.
+func (w *Wheel) pickShard() *shard {
+	t, s := w.takeShard()
+	if t != nil {
+		shardTokens.Put(t)
+	}
 	return s
 }
 
@@ -304,7 +324,10 @@ func (w *Wheel) stop() int {
 
 	// 1. Stop the advancer, so that nothing fires from here on. A worker that waits for the clock
 	// goroutine keeps running queued callbacks meanwhile: the clock goroutine may be blocked on
-	// a full queue (Block) that only this worker would empty.
+	// a full queue (Block) that only this worker would empty. Called from a callback that the
+	// advancer itself runs (WithWorkers(0) or CallerRuns), the advancer is up this goroutine's
+	// stack in the middle of a batch: it stops after that batch (advance checks closed) and
+	// then finishes the shutdown (finishStop), since the queue must stay open until then.
 	if w.manual != nil {
 		w.manual.detach(w)
 		if !onAdvancer {
@@ -329,7 +352,18 @@ func (w *Wheel) stop() int {
 	w.dropped.Add(int64(n))
 	w.releasePending(int64(n))
 
-	// 3. Let the workers finish what was handed to them, and wait for them (not for ourselves).
+	if onAdvancer {
+		w.stopDeferred = true // read by the advancer, which is this goroutine
+		return n
+	}
+	w.finishStop(self)
+	// An Every whose run was in progress found its ring closed and counted itself in dropped.
+	return int(w.dropped.Value())
+}
+
+// finishStop lets the workers finish what was handed to them and waits for them (not for the
+// goroutine self, when Stop runs on a worker), then releases later Stop calls.
+func (w *Wheel) finishStop(self int64) {
 	if w.pool.queue != nil {
 		close(w.pool.queue)
 		for i, done := range w.pool.done {
@@ -339,8 +373,6 @@ func (w *Wheel) stop() int {
 		}
 	}
 	close(w.stopped)
-	// Every that re-armed after step 2 found its ring closed and counted itself in dropped.
-	return int(w.dropped.Value())
 }
 
 // waitClock waits for the clock goroutine to exit; on a worker it runs queued chunks meanwhile.

@@ -115,7 +115,7 @@ func (t Timer) Stop() bool {
 				// takes this command. If the ring was closed by Wheel.Stop, nobody needs it.
 				t.s.stopped.Inc()
 				t.s.w.releasePending(1)
-				t.s.send(e, t.gen, opCancel)
+				t.s.send(e, t.gen, opCancel) // false: the ring was closed by Wheel.Stop; nothing to free
 				return true
 			}
 		case stFiring, stRunning:
