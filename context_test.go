@@ -1,0 +1,558 @@
+package shardwheel_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	sw "github.com/shardwheel/shardwheel"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// deadlineImpl is one implementation of deadline contexts: the standard library's, or a Wheel's
+// on a manual clock. The scenarios below run against both and require the same observations.
+type deadlineImpl interface {
+	WithTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc)
+	WithDeadline(parent context.Context, t time.Time) (context.Context, context.CancelFunc)
+	// Now reads the clock that deadlines are measured on.
+	Now() time.Time
+	// Expire lets ctx's deadline pass and returns once ctx is done.
+	Expire(t *testing.T, ctx context.Context)
+}
+
+// stdImpl is the reference: the context package on the real clock. Expire waits for Done.
+type stdImpl struct{}
+
+func (stdImpl) WithTimeout(p context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(p, d)
+}
+
+func (stdImpl) WithDeadline(p context.Context, t time.Time) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(p, t)
+}
+
+func (stdImpl) Now() time.Time { return time.Now() }
+
+func (stdImpl) Expire(t *testing.T, ctx context.Context) { waitDone(t, ctx) }
+
+// wheelImpl is a Wheel on a manual clock with callbacks on the advancing goroutine: Expire
+// advances the clock to the deadline, and the context must be done when Advance returns.
+type wheelImpl struct {
+	w     *sw.Wheel
+	clock *sw.ManualClock
+}
+
+func newWheelImpl(t *testing.T) *wheelImpl {
+	clock := sw.NewManualClock(time.Now())
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0))
+	require.NoError(t, err)
+	t.Cleanup(func() { w.Stop() })
+	return &wheelImpl{w: w, clock: clock}
+}
+
+func (m *wheelImpl) WithTimeout(p context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return m.w.WithTimeout(p, d)
+}
+
+func (m *wheelImpl) WithDeadline(p context.Context, t time.Time) (context.Context, context.CancelFunc) {
+	return m.w.WithDeadline(p, t)
+}
+
+func (m *wheelImpl) Now() time.Time { return m.clock.Now() }
+
+func (m *wheelImpl) Expire(t *testing.T, ctx context.Context) {
+	dl, ok := ctx.Deadline()
+	require.True(t, ok)
+	m.clock.Advance(max(dl.Sub(m.clock.Now()), 0))
+	requireDone(t, ctx)
+}
+
+// waitDone waits for ctx to be done; the time limit only turns a hang into a failure.
+func waitDone(t *testing.T, ctx context.Context) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("context not done after a minute")
+	}
+}
+
+func requireDone(t *testing.T, ctx context.Context) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	default:
+		t.Fatal("context not done")
+	}
+	require.Error(t, ctx.Err())
+}
+
+func requireLive(t *testing.T, ctx context.Context) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+		t.Fatal("context done")
+	default:
+	}
+	require.NoError(t, ctx.Err())
+	require.NoError(t, context.Cause(ctx))
+}
+
+// requireEnded checks Done, Err and Cause of a context that has ended.
+func requireEnded(t *testing.T, ctx context.Context, err, cause error) {
+	t.Helper()
+	requireDone(t, ctx)
+	require.Equal(t, err, ctx.Err())
+	require.Equal(t, cause, context.Cause(ctx))
+}
+
+type ctxKey string
+
+// short is a deadline the std lib reaches quickly on the real clock; the wheel advances to it.
+const short = 5 * time.Millisecond
+
+var errCause = errors.New("the client went away")
+
+// ctxScenarios is the one table of behaviours required of both implementations.
+var ctxScenarios = []struct {
+	name string
+	run  func(t *testing.T, im deadlineImpl)
+}{
+	{"live/then cancel", func(t *testing.T, im deadlineImpl) {
+		before := im.Now()
+		ctx, cancel := im.WithTimeout(context.Background(), time.Hour)
+		after := im.Now()
+		dl, ok := ctx.Deadline()
+		require.True(t, ok)
+		require.False(t, dl.Before(before.Add(time.Hour)))
+		require.False(t, dl.After(after.Add(time.Hour)))
+		requireLive(t, ctx)
+		require.NotEmpty(t, fmt.Sprint(ctx))
+		cancel()
+		requireEnded(t, ctx, context.Canceled, context.Canceled)
+		cancel() // idempotent
+		requireEnded(t, ctx, context.Canceled, context.Canceled)
+		dl2, ok := ctx.Deadline()
+		require.True(t, ok)
+		require.Equal(t, dl, dl2)
+	}},
+	{"deadline/exact", func(t *testing.T, im deadlineImpl) {
+		at := im.Now().Add(time.Hour)
+		ctx, cancel := im.WithDeadline(context.Background(), at)
+		defer cancel()
+		dl, ok := ctx.Deadline()
+		require.True(t, ok)
+		require.True(t, dl.Equal(at))
+		requireLive(t, ctx)
+	}},
+	{"deadline/expires", func(t *testing.T, im deadlineImpl) {
+		ctx, cancel := im.WithTimeout(context.Background(), short)
+		done := ctx.Done() // asked for before the end, closed by it
+		im.Expire(t, ctx)
+		<-done
+		requireEnded(t, ctx, context.DeadlineExceeded, context.DeadlineExceeded)
+		cancel() // after the deadline: changes nothing
+		requireEnded(t, ctx, context.DeadlineExceeded, context.DeadlineExceeded)
+	}},
+	{"deadline/already past", func(t *testing.T, im deadlineImpl) {
+		for _, mk := range []func() (context.Context, context.CancelFunc){
+			func() (context.Context, context.CancelFunc) { return im.WithTimeout(context.Background(), 0) },
+			func() (context.Context, context.CancelFunc) { return im.WithTimeout(context.Background(), -time.Hour) },
+			func() (context.Context, context.CancelFunc) {
+				return im.WithDeadline(context.Background(), im.Now().Add(-time.Second))
+			},
+		} {
+			ctx, cancel := mk()
+			requireEnded(t, ctx, context.DeadlineExceeded, context.DeadlineExceeded)
+			cancel()
+			requireEnded(t, ctx, context.DeadlineExceeded, context.DeadlineExceeded)
+		}
+	}},
+	{"deadline/parent's is earlier", func(t *testing.T, im deadlineImpl) {
+		parent, pcancel := im.WithTimeout(context.Background(), time.Hour)
+		defer pcancel()
+		pdl, _ := parent.Deadline()
+		ctx, cancel := im.WithTimeout(parent, 2*time.Hour)
+		dl, ok := ctx.Deadline()
+		require.True(t, ok)
+		require.Equal(t, pdl, dl)
+		requireLive(t, ctx)
+		cancel()
+		requireEnded(t, ctx, context.Canceled, context.Canceled)
+		requireLive(t, parent)
+	}},
+	{"deadline/parent's expires first", func(t *testing.T, im deadlineImpl) {
+		parent, pcancel := im.WithTimeout(context.Background(), short)
+		defer pcancel()
+		ctx, cancel := im.WithTimeout(parent, time.Hour)
+		defer cancel()
+		im.Expire(t, parent)
+		waitDone(t, ctx)
+		requireEnded(t, ctx, context.DeadlineExceeded, context.DeadlineExceeded)
+	}},
+	{"deadline/child's expires first", func(t *testing.T, im deadlineImpl) {
+		parent, pcancel := im.WithTimeout(context.Background(), time.Hour)
+		defer pcancel()
+		ctx, cancel := im.WithTimeout(parent, short)
+		defer cancel()
+		im.Expire(t, ctx)
+		requireEnded(t, ctx, context.DeadlineExceeded, context.DeadlineExceeded)
+		requireLive(t, parent)
+		pcancel()
+		requireEnded(t, ctx, context.DeadlineExceeded, context.DeadlineExceeded)
+	}},
+	{"parent/canceled before", func(t *testing.T, im deadlineImpl) {
+		parent, pcancel := context.WithCancel(context.Background())
+		pcancel()
+		ctx, cancel := im.WithTimeout(parent, time.Hour)
+		defer cancel()
+		requireEnded(t, ctx, context.Canceled, context.Canceled)
+	}},
+	{"parent/canceled before with cause", func(t *testing.T, im deadlineImpl) {
+		parent, pcancel := context.WithCancelCause(context.Background())
+		pcancel(errCause)
+		ctx, cancel := im.WithTimeout(parent, time.Hour)
+		defer cancel()
+		requireEnded(t, ctx, context.Canceled, errCause)
+	}},
+	{"parent/canceled after", func(t *testing.T, im deadlineImpl) {
+		parent, pcancel := context.WithCancel(context.Background())
+		ctx, cancel := im.WithTimeout(parent, time.Hour)
+		defer cancel()
+		done := ctx.Done()
+		requireLive(t, ctx)
+		pcancel()
+		// Err and Done report the parent's end as soon as its cancel has returned.
+		requireEnded(t, ctx, context.Canceled, context.Canceled)
+		<-done
+	}},
+	{"parent/canceled after with cause", func(t *testing.T, im deadlineImpl) {
+		parent, pcancel := context.WithCancelCause(context.Background())
+		ctx, cancel := im.WithTimeout(parent, time.Hour)
+		defer cancel()
+		derived, dcancel := context.WithCancel(ctx)
+		defer dcancel()
+		pcancel(errCause)
+		requireEnded(t, ctx, context.Canceled, errCause)
+		waitDone(t, derived)
+		requireEnded(t, derived, context.Canceled, errCause)
+	}},
+	{"parent/canceled with cause after own deadline", func(t *testing.T, im deadlineImpl) {
+		parent, pcancel := context.WithCancelCause(context.Background())
+		ctx, cancel := im.WithTimeout(parent, short)
+		defer cancel()
+		im.Expire(t, ctx)
+		pcancel(errCause)
+		requireEnded(t, ctx, context.DeadlineExceeded, context.DeadlineExceeded)
+	}},
+	{"parent/canceled with cause after own cancel", func(t *testing.T, im deadlineImpl) {
+		parent, pcancel := context.WithCancelCause(context.Background())
+		ctx, cancel := im.WithTimeout(parent, time.Hour)
+		cancel()
+		pcancel(errCause)
+		requireEnded(t, ctx, context.Canceled, context.Canceled)
+		derived, dcancel := context.WithCancel(ctx)
+		defer dcancel()
+		requireEnded(t, derived, context.Canceled, context.Canceled)
+	}},
+	{"parent/deadline with cause", func(t *testing.T, im deadlineImpl) {
+		parent, pcancel := context.WithTimeoutCause(context.Background(), short, errCause)
+		defer pcancel()
+		ctx, cancel := im.WithTimeout(parent, time.Hour) // parent's deadline is earlier
+		defer cancel()
+		waitDone(t, ctx)
+		requireEnded(t, ctx, context.DeadlineExceeded, errCause)
+	}},
+	{"parent/nested, outer canceled", func(t *testing.T, im deadlineImpl) {
+		outer, ocancel := im.WithTimeout(context.Background(), 2*time.Hour)
+		inner, icancel := im.WithTimeout(outer, time.Hour)
+		defer icancel()
+		ocancel()
+		requireEnded(t, inner, context.Canceled, context.Canceled)
+		requireEnded(t, outer, context.Canceled, context.Canceled)
+	}},
+	{"value/passes through", func(t *testing.T, im deadlineImpl) {
+		parent := context.WithValue(context.Background(), ctxKey("user"), "ada")
+		ctx, cancel := im.WithTimeout(parent, time.Hour)
+		defer cancel()
+		require.Equal(t, "ada", ctx.Value(ctxKey("user")))
+		require.Nil(t, ctx.Value(ctxKey("other")))
+		derived := context.WithValue(ctx, ctxKey("req"), 7)
+		require.Equal(t, "ada", derived.Value(ctxKey("user")))
+		require.Equal(t, 7, derived.Value(ctxKey("req")))
+		cancel()
+		require.Equal(t, "ada", ctx.Value(ctxKey("user")))
+	}},
+	{"derived/canceled by CancelFunc", func(t *testing.T, im deadlineImpl) {
+		ctx, cancel := im.WithTimeout(context.Background(), time.Hour)
+		d1, c1 := context.WithCancel(ctx)
+		defer c1()
+		d2 := context.WithValue(ctx, ctxKey("k"), 1)
+		d3, c3 := context.WithTimeout(ctx, 2*time.Hour)
+		defer c3()
+		d4, c4 := context.WithCancelCause(ctx)
+		defer c4(nil)
+		for _, d := range []context.Context{d1, d2, d3, d4} {
+			requireLive(t, d)
+		}
+		cancel()
+		// Children are done before the CancelFunc returns, as in the standard library.
+		for _, d := range []context.Context{d1, d2, d3, d4} {
+			requireEnded(t, d, context.Canceled, context.Canceled)
+		}
+		dl, _ := d3.Deadline()
+		pdl, _ := ctx.Deadline()
+		require.Equal(t, pdl, dl)
+	}},
+	{"derived/deadline expires", func(t *testing.T, im deadlineImpl) {
+		ctx, cancel := im.WithTimeout(context.Background(), short)
+		defer cancel()
+		d1, c1 := context.WithCancel(ctx)
+		defer c1()
+		d2 := context.WithValue(ctx, ctxKey("k"), 1)
+		im.Expire(t, ctx)
+		waitDone(t, d1)
+		requireEnded(t, d1, context.DeadlineExceeded, context.DeadlineExceeded)
+		requireEnded(t, d2, context.DeadlineExceeded, context.DeadlineExceeded)
+		// Derived after the end: done at once, with the same Err and Cause.
+		d3, c3 := context.WithCancel(ctx)
+		defer c3()
+		requireEnded(t, d3, context.DeadlineExceeded, context.DeadlineExceeded)
+		require.NoError(t, context.WithoutCancel(ctx).Err())
+		require.NoError(t, context.Cause(context.WithoutCancel(ctx)))
+	}},
+	{"derived/own cancel survives", func(t *testing.T, im deadlineImpl) {
+		ctx, cancel := im.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		d1, c1 := context.WithCancelCause(ctx)
+		c1(errCause)
+		requireEnded(t, d1, context.Canceled, errCause)
+		requireLive(t, ctx)
+	}},
+	{"afterfunc/runs once, stop", func(t *testing.T, im deadlineImpl) {
+		ctx, cancel := im.WithTimeout(context.Background(), time.Hour)
+		ran := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() { close(ran) })
+		never := context.AfterFunc(ctx, func() { t.Error("stopped AfterFunc ran") })
+		require.True(t, never())
+		cancel()
+		<-ran
+		require.False(t, stop())
+		require.False(t, never())
+		late := make(chan struct{})
+		require.False(t, context.AfterFunc(ctx, func() { close(late) })())
+		<-late
+	}},
+}
+
+func TestContextScenarios(t *testing.T) {
+	impls := []struct {
+		name string
+		new  func(t *testing.T) deadlineImpl
+	}{
+		{"context", func(*testing.T) deadlineImpl { return stdImpl{} }},
+		{"wheel", func(t *testing.T) deadlineImpl { return newWheelImpl(t) }},
+	}
+	for _, impl := range impls {
+		t.Run("impl="+impl.name, func(t *testing.T) {
+			for _, sc := range ctxScenarios {
+				t.Run(sc.name, func(t *testing.T) {
+					im := impl.new(t)
+					sc.run(t, im)
+					if wi, ok := im.(*wheelImpl); ok {
+						// Every timer was released: by its cancel, its expiry or its parent.
+						waitPending(t, wi.w, 0)
+					}
+				})
+			}
+		})
+	}
+}
+
+// waitPending waits until w.Len() == n. Releases that a parent's cancellation makes on another
+// goroutine finish soon after Done closes; the time limit only turns a hang into a failure.
+func waitPending(t *testing.T, w *sw.Wheel, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); w.Len() != n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("Len() = %d, want %d", w.Len(), n)
+		}
+		runtime.Gosched()
+	}
+}
+
+func TestContextCancelReleasesTimerAtOnce(t *testing.T) {
+	im := newWheelImpl(t)
+	w := im.w
+	cancels := make([]context.CancelFunc, 100)
+	for i := range cancels {
+		_, cancels[i] = w.WithTimeout(context.Background(), time.Hour)
+	}
+	require.Equal(t, 100, w.Len())
+	for i, cancel := range cancels {
+		cancel()
+		require.Equal(t, 100-i-1, w.Len())
+		cancel()
+		require.Equal(t, 100-i-1, w.Len())
+	}
+	require.EqualValues(t, 100, w.Stats().Stopped)
+
+	// A wheel parent's end releases its wheel children's timers before its cancel returns.
+	outer, ocancel := w.WithTimeout(context.Background(), time.Hour)
+	inner, icancel := w.WithTimeout(outer, 30*time.Minute)
+	defer icancel()
+	require.Equal(t, 2, w.Len())
+	ocancel()
+	require.Equal(t, 0, w.Len())
+	requireEnded(t, inner, context.Canceled, context.Canceled)
+
+	// Expiry releases it too.
+	ctx, cancel := w.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	im.Expire(t, ctx)
+	require.Equal(t, 0, w.Len())
+}
+
+func TestContextParentCancelReleasesTimer(t *testing.T) {
+	im := newWheelImpl(t)
+	parent, pcancel := context.WithCancel(context.Background())
+	ctxs := make([]context.Context, 100)
+	for i := range ctxs {
+		var cancel context.CancelFunc
+		ctxs[i], cancel = im.w.WithTimeout(parent, time.Hour)
+		defer cancel()
+	}
+	require.Equal(t, 100, im.w.Len())
+	pcancel()
+	for _, ctx := range ctxs {
+		waitDone(t, ctx)
+		require.Equal(t, context.Canceled, ctx.Err())
+	}
+	waitPending(t, im.w, 0)
+}
+
+func TestContextNoGoroutinePerContext(t *testing.T) {
+	im := newWheelImpl(t)
+	parent, pcancel := context.WithCancel(context.Background())
+	defer pcancel()
+	before := runtime.NumGoroutine()
+	cancels := make([]context.CancelFunc, 1000)
+	for i := range cancels {
+		_, cancels[i] = im.w.WithTimeout(parent, time.Hour)
+	}
+	assert.Less(t, runtime.NumGoroutine()-before, 100)
+	for _, cancel := range cancels {
+		cancel()
+	}
+	require.Equal(t, 0, im.w.Len())
+}
+
+func TestContextFallbackOnStoppedWheel(t *testing.T) {
+	w, err := sw.New()
+	require.NoError(t, err)
+	w.Stop()
+	ctx, cancel := w.WithTimeout(context.Background(), time.Hour)
+	requireLive(t, ctx)
+	_, ok := ctx.Deadline()
+	require.True(t, ok)
+	cancel()
+	requireEnded(t, ctx, context.Canceled, context.Canceled)
+
+	ctx, cancel = w.WithTimeout(context.Background(), short)
+	defer cancel()
+	waitDone(t, ctx)
+	requireEnded(t, ctx, context.DeadlineExceeded, context.DeadlineExceeded)
+	require.Equal(t, 0, w.Len())
+}
+
+func TestContextFallbackPastMaxPending(t *testing.T) {
+	clock := sw.NewManualClock(time.Now())
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithMaxPending(1))
+	require.NoError(t, err)
+	defer w.Stop()
+	first, cancel1 := w.WithTimeout(context.Background(), time.Hour)
+	defer cancel1()
+	require.Equal(t, 1, w.Len())
+
+	parent := context.WithValue(context.Background(), ctxKey("k"), "v")
+	at := clock.Now().Add(time.Hour)
+	second, cancel2 := w.WithDeadline(parent, at)
+	require.Equal(t, 1, w.Len(), "the second context holds no wheel timer")
+	require.EqualValues(t, 1, w.Stats().Rejected)
+	requireLive(t, second)
+	dl, ok := second.Deadline()
+	require.True(t, ok)
+	require.True(t, dl.Equal(at))
+	require.Equal(t, "v", second.Value(ctxKey("k")))
+	cancel2()
+	requireEnded(t, second, context.Canceled, context.Canceled)
+	requireLive(t, first)
+}
+
+// TestContextHammer ends contexts from every side at once (CancelFunc, deadline, parent) while
+// children are derived and Err, Done and Cause are read, and checks that every context ends with
+// one of the legal errors, that a non-nil Err implies a closed Done, and that no timer is left.
+func TestContextHammer(t *testing.T) {
+	im := newWheelImpl(t)
+	rounds := 2000
+	if testing.Short() {
+		rounds = 200
+	}
+	var wg sync.WaitGroup
+	stopAdvancing := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stopAdvancing:
+				return
+			default:
+				im.clock.Advance(time.Millisecond)
+			}
+		}
+	}()
+	for i := 0; i < rounds; i++ {
+		parent, pcancel := context.WithCancelCause(context.Background())
+		outer, ocancel := im.w.WithTimeout(parent, time.Duration(i%3)*time.Millisecond)
+		ctx, cancel := im.w.WithTimeout(outer, time.Duration(i%5)*time.Millisecond)
+		derived, dcancel := context.WithCancel(ctx)
+		var inner sync.WaitGroup
+		inner.Add(4)
+		go func() { defer inner.Done(); cancel() }()
+		go func() { defer inner.Done(); pcancel(errCause) }()
+		go func() { defer inner.Done(); ocancel() }()
+		go func() {
+			defer inner.Done()
+			if ctx.Err() != nil {
+				select {
+				case <-ctx.Done():
+				default:
+					t.Error("Err non-nil before Done closed")
+				}
+			}
+		}()
+		inner.Wait()
+		for _, c := range []context.Context{outer, ctx, derived} {
+			waitDone(t, c)
+			err, cause := c.Err(), context.Cause(c)
+			switch err {
+			case context.Canceled:
+				require.Contains(t, []error{context.Canceled, errCause}, cause)
+			case context.DeadlineExceeded:
+				require.Equal(t, context.DeadlineExceeded, cause)
+			default:
+				t.Fatalf("Err() = %v", err)
+			}
+		}
+		dcancel()
+	}
+	close(stopAdvancing)
+	wg.Wait()
+	waitPending(t, im.w, 0)
+}

@@ -1,0 +1,182 @@
+package shardwheel
+
+import (
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v3"
+)
+
+// Keyed is a set of timers named by key, one per key: the idle timeout of each connection, the
+// lease of each session. Each key is either absent or armed; an armed key fires once, with the
+// value of its latest Set, and is absent from then on. It is safe for use by any number of
+// goroutines, also on the same keys at once (the keep-alive storm of a busy connection).
+//
+// The map is xsync's MapOf: lock-free Load, which keeps Move (the hot path of a keep-alive)
+// free of locks and allocation, and Compute, an atomic read-modify-write of one key under its
+// bucket's lock, which the protocol below needs and sync.Map lacks.
+//
+// The per-key protocol. An arming is one *keyedTimer: its key, its value and its Timer never
+// change (a new Set makes a new arming). Every decision about a key (install, supersede, remove,
+// fire) is a Compute on that key, so decisions on one key are serialised by its bucket lock; every
+// call into the wheel (AfterFuncArg, Reset, Stop) is made outside that lock, so a callback that
+// waits for the bucket lock never waits for the wheel. The map maps a key to its current arming.
+//  1. Set arms a new arming (its timer may fire at once, even before step 2), then installs it
+//     with Compute and stops the one it displaced, if any. A displaced arming whose callback has
+//     started finds in its Compute that it is no longer current and does not fire.
+//  2. The callback of arming a, in its Compute: if a is current, it deletes the key and fires;
+//     if a was never installed (its Set is between steps 1 and 2), it marks a fired and fires,
+//     and that Set's Compute, seeing the mark, removes the key rather than installing a (the key
+//     is re-armed and fired at once, all within that Set); if a was displaced, it does nothing.
+//  3. Move loads the current arming without a lock and Resets its timer. A failed Reset means
+//     the arming was displaced (then Move retries on the new one) or fired (then Move reports
+//     false, ordered after the fire).
+//  4. Remove deletes the key (whatever arming it maps to), Drain deletes it with Compute if it
+//     still maps to the arming Drain saw; then they stop that arming's timer. Its callback, if
+//     it has started, finds the arming displaced.
+//
+// Each arming so fires at most once, exactly when it is current at the moment its callback makes
+// its decision (or when its Set had not installed it yet), and then the key is absent.
+type Keyed[K comparable, V any] struct {
+	w       *Wheel
+	fire    func(key K, value V) // immutable
+	onTimer func(arg any)        // immutable: k.expire as one func value, so arming allocates no closure
+	m       *xsync.MapOf[K, *keyedTimer[K, V]]
+}
+
+// keyedTimer is one arming of a key. key and value are immutable; timer is written by Set
+// before the arming is installed (so every reader that found it in the map sees it); installed
+// and fired are guarded by the map's bucket lock for key (touched only inside Compute on key).
+type keyedTimer[K comparable, V any] struct {
+	key       K
+	value     V
+	timer     Timer
+	installed bool
+	fired     bool
+}
+
+// NewKeyed returns an empty Keyed on w that calls fire(key, value) on w's worker pool when an
+// armed key's time comes. It panics if w or fire is nil: a Keyed that can never fire is a bug
+// at the call site, as time.AfterFunc's nil func is.
+func NewKeyed[K comparable, V any](w *Wheel, fire func(key K, value V)) *Keyed[K, V] {
+	if w == nil {
+		panic("shardwheel: NewKeyed: nil *Wheel")
+	}
+	if fire == nil {
+		panic("shardwheel: NewKeyed: nil fire func")
+	}
+	k := &Keyed[K, V]{w: w, fire: fire, m: xsync.NewMapOf[K, *keyedTimer[K, V]]()}
+	k.onTimer = k.expire
+	return k
+}
+
+// Set arms key to fire with value d from now, or, if key is armed, re-arms it with the new
+// value and delay in its place (the old arming never fires). d <= 0 fires as soon as possible.
+// It returns the wheel's error, ErrClosed after Stop or ErrTooManyTimers past WithMaxPending,
+// and then changes nothing. Re-arming needs room for one more timer, since the new arming is
+// armed before the old one is stopped: at WithMaxPending, Set fails for an armed key too (Move
+// needs no room). Set allocates (the arming and the map's entry); it does not block on the wheel.
+func (k *Keyed[K, V]) Set(key K, value V, d time.Duration) error {
+	a := &keyedTimer[K, V]{key: key, value: value}
+	t, err := k.w.AfterFuncArg(d, k.onTimer, a)
+	if err != nil {
+		return err
+	}
+	a.timer = t
+	var old *keyedTimer[K, V]
+	k.m.Compute(key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
+		old = cur // nil when !loaded
+		if a.fired {
+			return nil, true // fired before it was installed: the key ends absent
+		}
+		a.installed = true
+		return a, false
+	})
+	if old != nil {
+		old.timer.Stop()
+	}
+	return nil
+}
+
+// Move re-arms key to fire d from now with the value it has, and reports true; it reports false,
+// and does nothing, if key is absent (never set, removed, drained or fired). It allocates nothing
+// and takes no lock.
+func (k *Keyed[K, V]) Move(key K, d time.Duration) bool {
+	a, ok := k.m.Load(key)
+	for ok {
+		if a.timer.Reset(d) {
+			return true
+		}
+		// Displaced (retry on the current arming) or fired (its callback deletes it, or did).
+		cur, ok2 := k.m.Load(key)
+		if !ok2 || cur == a {
+			return false
+		}
+		a, ok = cur, ok2
+	}
+	return false
+}
+
+// Remove disarms key and reports true, or reports false if key was absent. A key whose callback
+// has started but not yet decided is removed and does not fire; one that has fired is absent.
+func (k *Keyed[K, V]) Remove(key K) bool {
+	a, ok := k.m.LoadAndDelete(key)
+	if ok {
+		a.timer.Stop()
+	}
+	return ok
+}
+
+// Len returns the number of armed keys.
+func (k *Keyed[K, V]) Len() int { return k.m.Size() }
+
+// Drain disarms every armed key and calls fn(key, value) for each, on the calling goroutine,
+// instead of letting it fire; it returns how many it disarmed. fn may be nil. Keys set while Drain
+// runs may or may not be drained. After the Wheel is stopped, keys never fire, and Drain is how to
+// collect them (on shutdown, say, to close every idle connection).
+func (k *Keyed[K, V]) Drain(fn func(key K, value V)) int {
+	n := 0
+	k.m.Range(func(key K, a *keyedTimer[K, V]) bool {
+		if !k.take(a) {
+			return true // displaced or fired meanwhile
+		}
+		a.timer.Stop()
+		n++
+		if fn != nil {
+			fn(key, a.value)
+		}
+		return true
+	})
+	return n
+}
+
+// take deletes a's key if it still maps to a, and reports whether it did.
+func (k *Keyed[K, V]) take(a *keyedTimer[K, V]) bool {
+	took := false
+	k.m.Compute(a.key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
+		if loaded && cur == a {
+			took = true
+			return nil, true
+		}
+		return cur, !loaded
+	})
+	return took
+}
+
+// expire is the timer callback of every arming (step 2 of the protocol).
+func (k *Keyed[K, V]) expire(arg any) {
+	a := arg.(*keyedTimer[K, V])
+	fire := false
+	k.m.Compute(a.key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
+		switch {
+		case loaded && cur == a:
+			fire = true
+			return nil, true
+		case !a.installed:
+			a.fired, fire = true, true
+		}
+		return cur, !loaded
+	})
+	if fire {
+		k.fire(a.key, a.value)
+	}
+}

@@ -1,0 +1,331 @@
+package shardwheel_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sw "github.com/shardwheel/shardwheel"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// keyedRig is a Keyed[string, int] on a manual clock, callbacks on the advancing goroutine, that
+// records what fired.
+type keyedRig struct {
+	w     *sw.Wheel
+	clock *sw.ManualClock
+	k     *sw.Keyed[string, int]
+
+	mu    sync.Mutex
+	fired []string // "key=value", in order
+}
+
+func newKeyedRig(t *testing.T, opts ...sw.Option) *keyedRig {
+	r := &keyedRig{clock: sw.NewManualClock(time.Now())}
+	w, err := sw.New(append([]sw.Option{sw.WithClock(r.clock), sw.WithWorkers(0)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { w.Stop() })
+	r.w = w
+	r.k = sw.NewKeyed(w, func(key string, value int) {
+		r.mu.Lock()
+		r.fired = append(r.fired, fmt.Sprintf("%s=%d", key, value))
+		r.mu.Unlock()
+	})
+	return r
+}
+
+// takeFired returns what fired since the last call.
+func (r *keyedRig) takeFired() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f := r.fired
+	r.fired = nil
+	return f
+}
+
+// requireFiredAt advances by d and requires exactly want to have fired meanwhile.
+func (r *keyedRig) requireFiredAt(t *testing.T, d time.Duration, want ...string) {
+	t.Helper()
+	r.clock.Advance(d)
+	got := r.takeFired()
+	if len(want) == 0 {
+		require.Empty(t, got)
+		return
+	}
+	require.Equal(t, want, got)
+}
+
+func TestKeyedSetFiresOnceThenAbsent(t *testing.T) {
+	r := newKeyedRig(t)
+	require.NoError(t, r.k.Set("a", 1, 10*time.Second))
+	require.NoError(t, r.k.Set("b", 2, 20*time.Second))
+	require.Equal(t, 2, r.k.Len())
+	require.Equal(t, 2, r.w.Len())
+	r.requireFiredAt(t, 10*time.Second-time.Millisecond)
+	r.requireFiredAt(t, time.Millisecond, "a=1")
+	require.Equal(t, 1, r.k.Len())
+	require.False(t, r.k.Move("a", time.Second), "a fired: absent")
+	require.False(t, r.k.Remove("a"))
+	r.requireFiredAt(t, 10*time.Second, "b=2")
+	r.requireFiredAt(t, time.Hour)
+	require.Equal(t, 0, r.k.Len())
+	require.Equal(t, 0, r.w.Len())
+
+	// A new arming after the fire fires again.
+	require.NoError(t, r.k.Set("a", 3, time.Second))
+	r.requireFiredAt(t, time.Second, "a=3")
+}
+
+func TestKeyedSetDueNow(t *testing.T) {
+	r := newKeyedRig(t)
+	require.NoError(t, r.k.Set("a", 1, 0))
+	require.NoError(t, r.k.Set("b", 2, -time.Second))
+	r.clock.Advance(0)
+	require.ElementsMatch(t, []string{"a=1", "b=2"}, r.takeFired())
+	require.Equal(t, 0, r.k.Len())
+}
+
+func TestKeyedSetReArmsWithLatestValue(t *testing.T) {
+	r := newKeyedRig(t)
+	require.NoError(t, r.k.Set("a", 1, 10*time.Second))
+	require.NoError(t, r.k.Set("a", 2, 5*time.Second)) // earlier
+	require.Equal(t, 1, r.k.Len())
+	require.Equal(t, 1, r.w.Len(), "the displaced arming's timer is stopped")
+	r.requireFiredAt(t, 5*time.Second, "a=2")
+	r.requireFiredAt(t, time.Hour)
+
+	require.NoError(t, r.k.Set("a", 3, 5*time.Second))
+	require.NoError(t, r.k.Set("a", 4, 10*time.Second)) // later
+	r.requireFiredAt(t, 5*time.Second)
+	r.requireFiredAt(t, 5*time.Second, "a=4")
+	require.Equal(t, 0, r.w.Len())
+}
+
+func TestKeyedMove(t *testing.T) {
+	r := newKeyedRig(t)
+	require.False(t, r.k.Move("a", time.Second), "absent")
+	require.NoError(t, r.k.Set("a", 1, 10*time.Second))
+	r.requireFiredAt(t, 5*time.Second)
+	require.True(t, r.k.Move("a", 10*time.Second))
+	r.requireFiredAt(t, 10*time.Second-time.Millisecond)
+	require.True(t, r.k.Move("a", time.Second)) // earlier than before
+	r.requireFiredAt(t, time.Second, "a=1")
+	require.False(t, r.k.Move("a", time.Second))
+	require.Equal(t, 0, r.w.Len())
+}
+
+func TestKeyedRemove(t *testing.T) {
+	r := newKeyedRig(t)
+	require.False(t, r.k.Remove("a"))
+	require.NoError(t, r.k.Set("a", 1, time.Second))
+	require.True(t, r.k.Remove("a"))
+	require.False(t, r.k.Remove("a"))
+	require.Equal(t, 0, r.k.Len())
+	require.Equal(t, 0, r.w.Len(), "Remove stops the timer at once")
+	r.requireFiredAt(t, time.Hour)
+}
+
+func TestKeyedDrain(t *testing.T) {
+	r := newKeyedRig(t)
+	require.Equal(t, 0, r.k.Drain(nil))
+	for i, key := range []string{"a", "b", "c"} {
+		require.NoError(t, r.k.Set(key, i, time.Duration(i+1)*time.Second))
+	}
+	require.NoError(t, r.k.Set("b", 10, time.Second))
+	var drained []string
+	n := r.k.Drain(func(key string, value int) { drained = append(drained, fmt.Sprintf("%s=%d", key, value)) })
+	require.Equal(t, 3, n)
+	require.ElementsMatch(t, []string{"a=0", "b=10", "c=2"}, drained)
+	require.Equal(t, 0, r.k.Len())
+	require.Equal(t, 0, r.w.Len())
+	r.requireFiredAt(t, time.Hour)
+
+	require.NoError(t, r.k.Set("d", 1, time.Second))
+	require.Equal(t, 1, r.k.Drain(nil))
+	r.requireFiredAt(t, time.Hour)
+}
+
+func TestKeyedDrainAfterWheelStop(t *testing.T) {
+	r := newKeyedRig(t)
+	require.NoError(t, r.k.Set("a", 1, time.Second))
+	require.Equal(t, 1, r.w.Stop())
+	r.requireFiredAt(t, time.Hour)
+	var got []string
+	require.Equal(t, 1, r.k.Drain(func(key string, value int) { got = append(got, key) }))
+	require.Equal(t, []string{"a"}, got)
+}
+
+func TestKeyedErrors(t *testing.T) {
+	r := newKeyedRig(t, sw.WithMaxPending(2))
+	require.NoError(t, r.k.Set("a", 1, time.Second))
+	require.NoError(t, r.k.Set("b", 2, time.Second))
+	require.ErrorIs(t, r.k.Set("c", 3, time.Second), sw.ErrTooManyTimers)
+	require.Equal(t, 2, r.k.Len(), "a failed Set changes nothing")
+	require.True(t, r.k.Move("a", 2*time.Second), "Move needs no new timer")
+	require.True(t, r.k.Remove("b"))
+	require.NoError(t, r.k.Set("c", 3, time.Second))
+
+	r.w.Stop()
+	require.ErrorIs(t, r.k.Set("d", 4, time.Second), sw.ErrClosed)
+	require.Equal(t, 2, r.k.Len())
+
+	require.PanicsWithValue(t, "shardwheel: NewKeyed: nil fire func", func() {
+		sw.NewKeyed[string, int](r.w, nil)
+	})
+	require.PanicsWithValue(t, "shardwheel: NewKeyed: nil *Wheel", func() {
+		sw.NewKeyed(nil, func(string, int) {})
+	})
+}
+
+func TestKeyedMoveAllocatesNothing(t *testing.T) {
+	r := newKeyedRig(t)
+	require.NoError(t, r.k.Set("conn-1", 1, time.Minute))
+	allocs := testing.AllocsPerRun(10_000, func() {
+		if !r.k.Move("conn-1", time.Minute) {
+			t.Fatal("Move of an armed key reported false")
+		}
+	})
+	require.Zero(t, allocs)
+	r.requireFiredAt(t, time.Minute, "conn-1=1")
+}
+
+// TestKeyedStorm runs the keep-alive storm: goroutines Set, Move and Remove the same few keys at
+// once while time stands still. Afterwards each key is absent or armed once: the wheel holds one
+// timer per armed key (every displaced arming was stopped), and advancing fires each armed key
+// exactly once, with a value that a Set gave it.
+func TestKeyedStorm(t *testing.T) {
+	r := newKeyedRig(t)
+	const keys = 8
+	ops := 20_000
+	if testing.Short() {
+		ops = 2_000
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			for i := range ops {
+				key := fmt.Sprint("k", rng.IntN(keys))
+				switch rng.IntN(4) {
+				case 0, 1:
+					assert.NoError(t, r.k.Set(key, g*ops+i, time.Duration(1+rng.IntN(60))*time.Second))
+				case 2:
+					r.k.Move(key, time.Duration(1+rng.IntN(60))*time.Second)
+				case 3:
+					if rng.IntN(8) == 0 {
+						r.k.Remove(key)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	armed := r.k.Len()
+	require.Equal(t, armed, r.w.Len(), "one pending timer per armed key")
+	r.clock.Advance(time.Minute)
+	fired := r.takeFired()
+	require.Len(t, fired, armed)
+	seen := map[string]bool{}
+	for _, f := range fired {
+		var key string
+		var value int
+		_, err := fmt.Sscanf(f, "%2s=%d", &key, &value)
+		require.NoError(t, err)
+		require.False(t, seen[key], "key %s fired twice", key)
+		seen[key] = true
+	}
+	require.Equal(t, 0, r.k.Len())
+	require.Equal(t, 0, r.w.Len())
+}
+
+// TestKeyedStormWhileFiring races Set, Move and Remove with timers coming due, on the manual
+// clock advanced by another goroutine and on the system clock with workers. Every Set carries a
+// unique value: none may fire twice, and at the end nothing is armed and no timer is left.
+func TestKeyedStormWhileFiring(t *testing.T) {
+	for _, clock := range []string{"manual", "system"} {
+		t.Run("clock="+clock, func(t *testing.T) {
+			var w *sw.Wheel
+			var err error
+			var mc *sw.ManualClock
+			if clock == "manual" {
+				mc = sw.NewManualClock(time.Now())
+				w, err = sw.New(sw.WithClock(mc), sw.WithWorkers(0))
+			} else {
+				w, err = sw.New(sw.WithWorkers(2), sw.WithTick(100*time.Microsecond))
+			}
+			require.NoError(t, err)
+			defer w.Stop()
+			var mu sync.Mutex
+			fired := map[int]int{}
+			k := sw.NewKeyed(w, func(key string, value int) {
+				mu.Lock()
+				fired[value]++
+				mu.Unlock()
+			})
+			ops := 5_000
+			if testing.Short() {
+				ops = 500
+			}
+			var wg sync.WaitGroup
+			var sets atomic.Int64
+			stop := make(chan struct{})
+			if mc != nil {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+							mc.Advance(time.Millisecond)
+						}
+					}
+				}()
+			}
+			var storm sync.WaitGroup
+			for g := range 4 {
+				storm.Add(1)
+				go func() {
+					defer storm.Done()
+					rng := rand.New(rand.NewPCG(uint64(g), 2))
+					for i := range ops {
+						key := fmt.Sprint("k", rng.IntN(4))
+						d := time.Duration(rng.IntN(3)) * time.Millisecond
+						switch rng.IntN(3) {
+						case 0:
+							assert.NoError(t, k.Set(key, g*ops+i, d))
+							sets.Add(1)
+						case 1:
+							k.Move(key, d)
+						case 2:
+							k.Remove(key)
+						}
+					}
+				}()
+			}
+			storm.Wait()
+			close(stop)
+			wg.Wait()
+			if mc != nil {
+				mc.Advance(time.Hour)
+			}
+			for deadline := time.Now().Add(time.Minute); k.Len() != 0 || w.Len() != 0; {
+				require.False(t, time.Now().After(deadline), "Len %d, wheel Len %d", k.Len(), w.Len())
+				time.Sleep(time.Millisecond)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for value, n := range fired {
+				require.Equal(t, 1, n, "value %d fired %d times", value, n)
+			}
+			require.LessOrEqual(t, int64(len(fired)), sets.Load())
+		})
+	}
+}
