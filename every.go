@@ -42,9 +42,9 @@ func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 // the run (running -> stopped, counted as stopped) keeps Scheduled == Fired + Stopped + Pending.
 // After f it re-arms the entry (running -> pending) with the same gen, so the Timer stays valid,
 // unless a Stop came first; then it frees the entry, which nothing else refers to.
-func (w *Wheel) runPeriodic(e *entry) {
+func (w *Wheel) runPeriodic(e *entry, fired *paddedCounter) {
 	ev := e.arg.(*every)
-	w.fired.Inc()
+	fired.n.Inc()
 	ev.s.scheduled.Inc()
 	start := w.nanos()
 	w.call(callFunc, ev.f)

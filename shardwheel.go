@@ -25,7 +25,6 @@ package shardwheel
 import (
 	"errors"
 	"math"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -74,9 +73,9 @@ type Wheel struct {
 	stopOnce sync.Once
 	stopped  chan struct{} // closed when the first Stop has finished
 
-	// Counters off the producers' path: fired by workers, the rest rare.
-	fired, rejected, panics, dropped *xsync.Counter
-	pending                          atomic.Int64 // only with WithMaxPending; shared by design
+	// Counters off the producers' path, all rare events (fires are counted in pool.fired).
+	rejected, panics, dropped *xsync.Counter
+	pending                   atomic.Int64 // only with WithMaxPending; shared by design
 }
 
 // New starts a Wheel: its clock goroutine (none with a ManualClock) and its worker pool. An
@@ -96,7 +95,6 @@ func New(opts ...Option) (*Wheel, error) {
 		tick:     int64(o.tick),
 		lastTick: (math.MaxInt64-1)/int64(o.tick) + 1,
 		stopped:  make(chan struct{}),
-		fired:    xsync.NewCounter(),
 		rejected: xsync.NewCounter(),
 		panics:   xsync.NewCounter(),
 		dropped:  xsync.NewCounter(),
@@ -180,7 +178,7 @@ func (w *Wheel) schedule(s *shard, d time.Duration, f func(any), arg any, period
 	ok, contended := s.send(e, gen, opAdd)
 	if tok != nil {
 		if contended {
-			tok.n = rand.Uint32() // another P uses this shard too: move to another one
+			tok.n++ // another P uses this shard too: the loser of the race moves on
 		}
 		shardTokens.Put(tok)
 	}
@@ -217,11 +215,14 @@ func (w *Wheel) releasePending(n int64) {
 // shardToken maps a P to a shard. Tokens live in a sync.Pool, whose per-P caches return to each P
 // the token it last put back, so the goroutines of one P keep to one shard without touching any
 // cache line shared by all producers. The pool may hand a token to another P (it steals), and two
-// Ps can then share a shard; a producer that loses a race for its shard's ring draws a new random
-// shard for its token, so sharing does not last (xsync's striped counter rehashes the same way).
+// Ps can then share a shard; a producer that loses a CAS race for its shard's ring moves its token
+// to the next shard, so sharing does not last (xsync's striped counter rehashes the same way).
 type shardToken struct{ n uint32 }
 
-var shardTokens sync.Pool
+var (
+	shardTokens sync.Pool
+	tokenSeq    atomic.Uint32
+)
 
 // takeShard returns the caller's token (nil with one shard) and its shard. The caller puts the
 // token back when its command is sent.
@@ -231,7 +232,7 @@ func (w *Wheel) takeShard() (*shardToken, *shard) {
 	}
 	t, _ := shardTokens.Get().(*shardToken)
 	if t == nil {
-		t = &shardToken{n: rand.Uint32()}
+		t = &shardToken{n: tokenSeq.Inc()} // consecutive tokens: distinct shards for the first Ps
 	}
 	return t, w.shards[t.n%uint32(len(w.shards))]
 }
@@ -267,7 +268,7 @@ type Stats struct {
 // Stats returns a snapshot of the counters. It takes no lock.
 func (w *Wheel) Stats() Stats {
 	st := Stats{
-		Fired:    uint64(w.fired.Value()),
+		Fired:    w.pool.firedTotal(),
 		Rejected: uint64(w.rejected.Value()),
 		Panics:   uint64(w.panics.Value()),
 		Dropped:  uint64(w.dropped.Value()),
@@ -386,7 +387,7 @@ func (w *Wheel) waitClock(onWorker bool) {
 		case <-w.clockDone:
 			return
 		case c := <-w.pool.queue:
-			w.runChunk(c)
+			w.runChunk(c, w.pool.otherFired())
 		}
 	}
 }

@@ -20,9 +20,20 @@ type pool struct {
 	chunkCap int             // immutable
 	done     []chan struct{} // done[i] is closed when worker i exits
 	gids     []atomic.Int64  // gids[i] is worker i's goroutine id, for Wheel.Stop
+	// fired[i] counts the callbacks started by worker i; fired[workers] those started by any
+	// other goroutine (the advancer, a caller-runs dispatch, a Stop that helps). Each is written
+	// mostly by one goroutine, so counting a fire touches no shared line; Stats sums them.
+	fired []paddedCounter
+}
+
+// paddedCounter is an atomic counter alone on its cache line.
+type paddedCounter struct {
+	n atomic.Uint64
+	_ [cacheLineSize - 8]byte
 }
 
 func (p *pool) init(workers, queueSize int) {
+	p.fired = make([]paddedCounter, workers+1)
 	if workers == 0 {
 		return
 	}
@@ -45,8 +56,9 @@ func (w *Wheel) startWorkers() {
 func (w *Wheel) work(i int) {
 	defer close(w.pool.done[i])
 	w.pool.gids[i].Store(goid())
+	fired := &w.pool.fired[i]
 	for c := range w.pool.queue {
-		w.runChunk(c)
+		w.runChunk(c, fired)
 	}
 }
 
@@ -64,9 +76,10 @@ func (w *Wheel) isWorker(g int64) bool {
 // Only the advancer calls it, with no lock held. A batch is cut into chunks so that each worker
 // gets a share: one entry per chunk when few timers fire, up to chunkCap in a flood.
 func (w *Wheel) dispatch(batch []*entry) {
+	fired := w.pool.otherFired()
 	if w.pool.queue == nil {
 		for _, e := range batch {
-			w.runEntry(e)
+			w.runEntry(e, fired)
 		}
 		return
 	}
@@ -78,7 +91,7 @@ func (w *Wheel) dispatch(batch []*entry) {
 			select {
 			case w.pool.queue <- c:
 			default:
-				w.runChunk(c)
+				w.runChunk(c, fired)
 			}
 			continue
 		}
@@ -86,9 +99,22 @@ func (w *Wheel) dispatch(batch []*entry) {
 	}
 }
 
-func (w *Wheel) runChunk(c *chunk) {
+// otherFired is the counter of fires on goroutines other than the workers.
+func (p *pool) otherFired() *paddedCounter { return &p.fired[len(p.fired)-1] }
+
+// firedTotal sums the fired counters.
+func (p *pool) firedTotal() uint64 {
+	var n uint64
+	for i := range p.fired {
+		n += p.fired[i].n.Load()
+	}
+	return n
+}
+
+// runChunk runs the entries of a chunk, counting fires in fired, and returns the chunk to its pool.
+func (w *Wheel) runChunk(c *chunk, fired *paddedCounter) {
 	for i, e := range c.es[:c.n] {
-		w.runEntry(e)
+		w.runEntry(e, fired)
 		c.es[i] = nil
 	}
 	c.n = 0
@@ -98,7 +124,7 @@ func (w *Wheel) runChunk(c *chunk) {
 // runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry returns to
 // the pool before its callback starts (the callback may arm new timers, which then reuse it); a
 // periodic one stays until its run is over (every.go).
-func (w *Wheel) runEntry(e *entry) {
+func (w *Wheel) runEntry(e *entry, fired *paddedCounter) {
 	for {
 		s := e.state.Load()
 		switch {
@@ -107,14 +133,14 @@ func (w *Wheel) runEntry(e *entry) {
 			return
 		case e.periodic:
 			if e.state.CompareAndSwap(s, withState(s, stRunning)) {
-				w.runPeriodic(e)
+				w.runPeriodic(e, fired)
 				return
 			}
 		default:
 			f, arg := e.f, e.arg
 			if e.state.CompareAndSwap(s, withState(s, stFree)) {
 				freeEntry(e)
-				w.fired.Inc()
+				fired.n.Inc()
 				w.releasePending(1)
 				w.call(f, arg)
 				return
