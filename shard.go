@@ -124,7 +124,9 @@ func (s *shard) applyLocked(e *entry, cmd uint64) {
 	case opAdd:
 		// A timer stopped before its add arrived never touches the wheel: its cancel command
 		// follows this one and frees it. An entry cannot be reused before its add is taken.
-		if w := e.state.Load(); isGen(w, gen) && isState(w, stPending) {
+		// A Reset may hold the entry (resetting): link it at either deadline; its reset
+		// command follows this one and moves it.
+		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isState(w, stResetting)) {
 			s.tw.insert(e, e.when.Load())
 		}
 	case opCancel:
@@ -137,7 +139,7 @@ func (s *shard) applyLocked(e *entry, cmd uint64) {
 	case opReset:
 		// Stale if the entry fired and was reused since (another gen: not ours to touch), or
 		// fired, or is between the runs of an Every (not linked; its add follows).
-		if w := e.state.Load(); isGen(w, gen) && isState(w, stPending) && e.linked {
+		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isState(w, stResetting)) && e.linked {
 			s.tw.unlink(e)
 			s.tw.insert(e, e.when.Load())
 		}
@@ -153,6 +155,12 @@ func (s *shard) applyLocked(e *entry, cmd uint64) {
 func (s *shard) expire(e *entry) {
 	for {
 		w := e.state.Load()
+		if isState(w, stResetting) {
+			// A Reset holds the entry: keep it linked, past this advance (so a stalled Reset
+			// costs one visit per advance, not one per tick); the Reset's command moves it.
+			s.tw.insert(e, s.tw.target+1)
+			return
+		}
 		if !isState(w, stPending) {
 			return // stopped: its cancel command frees it. dropped: the wheel is going away.
 		}
@@ -202,6 +210,10 @@ func (s *shard) dropLocked() int {
 	s.tw.forEach(func(e *entry) {
 		for {
 			w := e.state.Load()
+			if isState(w, stResetting) {
+				runtime.Gosched() // a Reset holds it for two stores
+				continue
+			}
 			if !isState(w, stPending) {
 				return
 			}

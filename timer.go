@@ -1,6 +1,7 @@
 package shardwheel
 
 import (
+	"runtime"
 	"time"
 
 	"go.uber.org/atomic"
@@ -9,7 +10,7 @@ import (
 // The state word of an entry packs three fields into one uint64 so that every transition is one
 // CAS that also proves the caller holds the current generation:
 //
-//	bits  0..2   state    (free, pending, firing, running, stopped, dropped)
+//	bits  0..2   state    (free, pending, firing, running, stopped, dropped, resetting)
 //	bits  3..23  version  bumped by every successful Reset (21 bits)
 //	bits 24..63  gen      bumped each time the entry is taken from the pool (40 bits)
 //
@@ -17,11 +18,15 @@ import (
 // owner of the pooled entry, and the handle is inert. The version makes a Reset visible to the
 // shard's expiry CAS: the shard reads the word, then the deadline, then CASes the word it read,
 // so a Reset that stored a new deadline in between makes that CAS fail and the shard re-reads.
+// Reset first claims the entry (pending -> resetting): a handle that writes the deadline only
+// while it holds its own gen in the word can never write into the entry's next owner.
 //
 // Transitions, and who may make them:
 //
 //	free    -> pending  the producer, on an entry it just took from the pool (plain store)
-//	pending -> pending  Timer.Reset (version+1)
+//	pending -> resetting  Timer.Reset claims the entry, stores the deadline,
+//	resetting -> pending  and releases it with version+1. Meanwhile Stop and Wheel.Stop wait
+//	                      (yield), the shard keeps the entry linked and unfired.
 //	pending -> stopped  Timer.Stop; it then sends a cancel command, and the shard frees the entry
 //	pending -> firing   the shard, when the deadline is due; the entry leaves the wheel
 //	pending -> dropped  Wheel.Stop; nobody frees the entry, the wheel is garbage
@@ -37,6 +42,7 @@ const (
 	stRunning
 	stStopped
 	stDropped
+	stResetting
 
 	stateBits   = 3
 	versionBits = 21
@@ -109,6 +115,8 @@ func (t Timer) Stop() bool {
 			return false
 		}
 		switch stateOf(w) {
+		case stResetting:
+			runtime.Gosched() // a Reset holds the entry for two stores
 		case stPending:
 			if e.state.CompareAndSwap(w, withState(w, stStopped)) {
 				// The entry is in the ring or the wheel; the shard unlinks and frees it when it
@@ -144,14 +152,24 @@ func (t Timer) Reset(d time.Duration) bool {
 	when := s.w.deadline(d)
 	for {
 		w := e.state.Load()
-		if !isGen(w, t.gen) || !isState(w, stPending) {
+		if !isGen(w, t.gen) {
 			return false
 		}
-		// 1. Store the deadline first, 2. then bump the version: a shard that read the old word
-		// and then this deadline CASes that old word and fails, so it never fires on a deadline
-		// it read while this Reset was under way, and never misses the new one.
-		e.when.Store(when)
-		if e.state.CompareAndSwap(w, bumpVersion(w)) {
+		if isState(w, stResetting) {
+			runtime.Gosched() // another Reset of this timer holds it
+			continue
+		}
+		if !isState(w, stPending) {
+			return false
+		}
+		// 1. Claim the entry: from here until step 3 nobody fires, stops, drops or frees it,
+		// so the deadline lands on this timer and never on a later owner of the entry.
+		// 2. Store the deadline. 3. Release it with a new version: a shard that read the old
+		// word and then the old deadline CASes that old word and fails, so it never fires on a
+		// deadline that a Reset was replacing, and never misses the new one.
+		if e.state.CompareAndSwap(w, withState(w, stResetting)) {
+			e.when.Store(when)
+			e.state.Store(bumpVersion(w))
 			break
 		}
 	}

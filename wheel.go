@@ -73,6 +73,7 @@ type bucket struct {
 
 // wheel is the hierarchical timing wheel of one shard. Owned by the holder of shard.mu.
 type wheel struct {
+	target   int64                           // the tick the running advance goes to (only meaningful during advance)
 	elapsed  int64                           // ticks processed; never decreases
 	count    int                             // entries linked
 	occupied [numLevels + 1]uint64           // bit s of level l set iff buckets[l][s] is non-empty
@@ -172,6 +173,7 @@ func (w *wheel) advance(now int64, expire func(e *entry)) {
 	if now < w.elapsed {
 		return // time never goes backwards; a stale reading is simply early
 	}
+	w.target = now
 	for w.heap.len() > 0 {
 		n := w.heap.top()
 		if n.start > now {
