@@ -1,0 +1,310 @@
+package shardwheel_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sw "github.com/shardwheel/shardwheel"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// clkFiring is a callback's record: which timer, and the manual clock's reading when it ran.
+type clkFiring struct {
+	id  int
+	now time.Duration // since the clock's start
+}
+
+// TestClockHugeAdvance schedules timers at a handful of far deadlines (the top level's edge,
+// years, centuries, the end of time) and walks the manual clock to each: one nanosecond before its
+// tick boundary nothing fires, at the boundary exactly the timers due there fire. A handful of
+// Advance calls cover the whole range, so a jump of years costs no per-tick work that the test
+// would have to wait for.
+func TestClockHugeAdvance(t *testing.T) {
+	for _, tick := range []time.Duration{time.Millisecond, 1_000_003} {
+		t.Run(tick.String(), func(t *testing.T) {
+			start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			clock := sw.NewManualClock(start)
+			w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithTick(tick), sw.WithShards(3))
+			require.NoError(t, err)
+			defer w.Stop()
+
+			year := 365 * 24 * time.Hour
+			top := time.Duration(1<<36) * tick
+			delays := []time.Duration{
+				3 * year, 3*year + 1, top - 1, top, top + 1, 2 * top, 10 * year, 100 * year,
+				200 * year, math.MaxInt64 / 2, math.MaxInt64 - time.Duration(tick), math.MaxInt64 - 1, math.MaxInt64,
+			}
+			slices.Sort(delays)
+			var fired []clkFiring
+			for i, d := range delays {
+				_, err := w.AfterFunc(d, func() { fired = append(fired, clkFiring{i, clock.Now().Sub(start)}) })
+				require.NoError(t, err)
+			}
+			// The boundaries the timers are due at, in order; past the last whole tick before
+			// math.MaxInt64 they are all due at the end of time.
+			type due struct {
+				at  time.Duration
+				ids []int
+			}
+			var dues []due
+			lastBoundary := time.Duration(math.MaxInt64 / int64(tick) * int64(tick))
+			for i, d := range delays {
+				at := time.Duration(math.MaxInt64)
+				if d <= lastBoundary {
+					at = (d + tick - 1) / tick * tick
+				}
+				if n := len(dues); n > 0 && dues[n-1].at == at {
+					dues[n-1].ids = append(dues[n-1].ids, i)
+				} else {
+					dues = append(dues, due{at, []int{i}})
+				}
+			}
+
+			var now time.Duration
+			advances := 0
+			for _, d := range dues {
+				if d.at-1 > now {
+					clock.Advance(d.at - 1 - now)
+					advances++
+					now = d.at - 1
+					require.Empty(t, fired, "fired before %v", d.at)
+				}
+				clock.Advance(d.at - now)
+				advances++
+				now = d.at
+				var ids []int
+				for _, f := range fired {
+					require.Equal(t, d.at, f.now, "timer %d ran at %v, due at %v", f.id, f.now, d.at)
+					ids = append(ids, f.id)
+				}
+				require.ElementsMatch(t, d.ids, ids, "at %v", d.at)
+				fired = fired[:0]
+			}
+			require.Equal(t, 0, w.Len())
+			require.LessOrEqual(t, advances, 2*len(delays))
+			st := w.Stats()
+			require.Equal(t, uint64(len(delays)), st.Fired)
+		})
+	}
+}
+
+// TestClockJumpToEndOfTime makes one Advance(math.MaxInt64) over timers spread from one tick to
+// the end of time: all fire in that one call, each once, in deadline order.
+func TestClockJumpToEndOfTime(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithShards(4))
+	require.NoError(t, err)
+	defer w.Stop()
+	rng := rand.New(rand.NewPCG(1, 2))
+	const n = 2000
+	delays := make([]time.Duration, n)
+	var order []int
+	for i := range delays {
+		delays[i] = time.Duration(rng.Int64N(math.MaxInt64)) >> rng.IntN(63)
+		if i%100 == 0 {
+			delays[i] = math.MaxInt64
+		}
+		_, err := w.AfterFuncArg(delays[i], func(a any) { order = append(order, a.(int)) }, i)
+		require.NoError(t, err)
+	}
+	clock.Advance(math.MaxInt64)
+	require.Len(t, order, n)
+	clkExactlyOnce(t, n, order)
+	tick := time.Millisecond
+	keyOf := func(i int) time.Duration {
+		d := delays[i]
+		if d > math.MaxInt64-tick {
+			return math.MaxInt64 / tick
+		}
+		return (d + tick - 1) / tick
+	}
+	for i := 1; i < n; i++ {
+		require.LessOrEqual(t, keyOf(order[i-1]), keyOf(order[i]), "timer %d (%v) ran before timer %d (%v)",
+			order[i-1], delays[order[i-1]], order[i], delays[order[i]])
+	}
+	clock.Advance(math.MaxInt64) // saturated: a no-op
+	require.Len(t, order, n)
+	require.Equal(t, 0, w.Stop())
+}
+
+// clkExactlyOnce requires that ids holds each of 0..n-1 exactly once (ElementsMatch is quadratic).
+func clkExactlyOnce(t testing.TB, n int, ids []int) {
+	t.Helper()
+	seen := make([]int, n)
+	for _, id := range ids {
+		require.True(t, id >= 0 && id < n, "unknown id %d", id)
+		seen[id]++
+	}
+	for id, c := range seen {
+		require.Equal(t, 1, c, "timer %d ran %d times", id, c)
+	}
+}
+
+// TestClockHeldUp holds the clock up while many timers spread over 1000 ticks come due, then lets
+// it go in one Advance: the burst fires in deadline order by tick, none skipped, none twice. Then
+// the same with the burst split by an Advance that stops in the middle of a tick.
+func TestClockHeldUp(t *testing.T) {
+	for _, split := range []bool{false, true} {
+		clock := sw.NewManualClock(time.Unix(0, 0))
+		w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithShards(4))
+		require.NoError(t, err)
+		const n = 5000
+		tick := time.Millisecond
+		due := make([]int64, n)
+		var order []int
+		var wg sync.WaitGroup
+		// Scheduled from several goroutines, so that the timers spread over the shards.
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := g; i < n; i += 4 {
+					d := time.Duration(rng2(g, i).Int64N(int64(1000 * tick)))
+					due[i] = int64((d + tick - 1) / tick)
+					_, err := w.AfterFuncArg(d, func(a any) { order = append(order, a.(int)) }, i)
+					assert.NoError(t, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if split {
+			clock.Advance(500*tick + tick/2)
+			for _, i := range order {
+				require.LessOrEqual(t, due[i], int64(500), "timer %d fired early", i)
+			}
+		}
+		clock.Advance(1000 * tick)
+		require.Len(t, order, n)
+		clkExactlyOnce(t, n, order)
+		for k := 1; k < n; k++ {
+			require.LessOrEqual(t, due[order[k-1]], due[order[k]], "out of order at %d", k)
+		}
+		require.Equal(t, 0, w.Stop())
+	}
+}
+
+func rng2(g, i int) *rand.Rand { return rand.New(rand.NewPCG(uint64(g), uint64(i))) }
+
+// TestClockSystemNeverEarly runs several hundred timers with small delays on the system clock and
+// requires that none starts before the moment of its AfterFunc (or Reset) call plus its delay, as
+// the monotonic clock reads it. No upper bound is asserted: the machine is shared.
+func TestClockSystemNeverEarly(t *testing.T) {
+	for _, tick := range []time.Duration{time.Millisecond, 300 * time.Microsecond, 7 * time.Millisecond} {
+		t.Run(tick.String(), func(t *testing.T) {
+			w, err := sw.New(sw.WithTick(tick))
+			require.NoError(t, err)
+			defer w.Stop()
+			const n = 400
+			var early, ran atomic.Int64
+			var wg sync.WaitGroup
+			deadlines := make([]time.Time, n)
+			rng := rand.New(rand.NewPCG(7, uint64(tick)))
+			cb := func(a any) {
+				now := time.Now()
+				if now.Before(deadlines[a.(int)]) {
+					early.Add(1)
+					t.Errorf("timer %d started %v early", a.(int), deadlines[a.(int)].Sub(now))
+				}
+				ran.Add(1)
+				wg.Done()
+			}
+			var resets []sw.Timer
+			for i := 0; i < n; i++ {
+				d := time.Duration(rng.Int64N(int64(5 * time.Millisecond)))
+				switch i % 7 {
+				case 0:
+					d = 0
+				case 1:
+					d = tick
+				case 2:
+					d = tick + 1
+				case 3:
+					d = time.Microsecond
+				}
+				wg.Add(1)
+				if i%5 == 4 {
+					// Armed an hour out, then Reset to a small delay: Reset measures from its call.
+					deadlines[i] = time.Now().Add(time.Hour)
+					tm, err := w.AfterFuncArg(time.Hour, cb, i)
+					require.NoError(t, err)
+					resets = append(resets, tm)
+					start := time.Now()
+					deadlines[i] = start.Add(d)
+					require.True(t, tm.Reset(d))
+					continue
+				}
+				start := time.Now()
+				deadlines[i] = start.Add(d)
+				_, err := w.AfterFuncArg(d, cb, i)
+				require.NoError(t, err)
+			}
+			wg.Wait()
+			require.Zero(t, early.Load())
+			require.Equal(t, int64(n), ran.Load())
+			for _, tm := range resets {
+				require.False(t, tm.Stop())
+			}
+		})
+	}
+}
+
+// TestClockEveryAtEndOfTime: once the manual clock is saturated at math.MaxInt64 (the end of
+// time), an Every's next run is due the moment it re-arms. One Advance must still return, having
+// run the series a bounded number of times (the contract's "a timer already due fires at the next
+// Advance"), not loop forever inside Advance. The callback stops the wheel after 1000 runs so
+// that a failure is reported instead of hanging the test.
+func TestClockEveryAtEndOfTime(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0))
+	require.NoError(t, err)
+	defer w.Stop()
+	runs := 0
+	_, err = w.Every(time.Hour, func() {
+		runs++
+		if runs == 1000 {
+			w.Stop() // the livelock's escape hatch
+		}
+	})
+	require.NoError(t, err)
+	clock.Advance(math.MaxInt64)
+	assert.Equal(t, 1, runs, "one Advance to the end of time ran the Every %d times", runs)
+	clock.Advance(0)
+	assert.LessOrEqual(t, runs, 2)
+}
+
+// TestClockEndOfTimeOneNanosecondTick: with WithTick(1ns) the tick of the end of time is
+// math.MaxInt64 itself. An Advance to the end of time must still return, and fire what is due
+// there. (If Advance loops, Wheel.Stop from here breaks the loop, so that the failure is
+// reported rather than hanging the package.)
+func TestClockEndOfTimeOneNanosecondTick(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithTick(1), sw.WithShards(2))
+	require.NoError(t, err)
+	defer w.Stop()
+	var fired []int
+	for i, d := range []time.Duration{1, time.Hour, 100 * 365 * 24 * time.Hour, math.MaxInt64 - 1, math.MaxInt64} {
+		_, err := w.AfterFuncArg(d, func(a any) { fired = append(fired, a.(int)) }, i)
+		require.NoError(t, err)
+	}
+	clock.Advance(time.Hour)
+	require.Equal(t, []int{0, 1}, fired)
+	advanced := make(chan struct{})
+	go func() {
+		clock.Advance(math.MaxInt64)
+		close(advanced)
+	}()
+	select {
+	case <-advanced:
+	case <-time.After(10 * time.Second): // a liveness cap: the Advance is a handful of steps
+		w.Stop()
+		<-advanced
+		t.Fatalf("ManualClock.Advance(math.MaxInt64) with a 1ns tick did not return (fired %v)", fired)
+	}
+	require.Equal(t, []int{0, 1, 2, 3, 4}, fired)
+}

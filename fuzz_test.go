@@ -1,0 +1,36 @@
+package shardwheel_test
+
+import (
+	"math"
+	"testing"
+)
+
+// FuzzWheel decodes random bytes into a sequence of operations (schedule at any delay from
+// math.MinInt64 to math.MaxInt64, Every, Stop, Reset, stale-handle Stop and Reset, Advance by
+// anything from 0 to math.MaxInt64) and runs it against a Wheel on a manual clock and against the
+// reference model of model_test.go; see relRun for the decoding and relHarness for what is checked.
+//
+// Plain `go test` replays the seeds below and the corpus in testdata/fuzz/FuzzWheel. To search:
+//
+//	go test -run '^$' -fuzz FuzzWheel -fuzztime 3m .
+//
+// A failing input is written to testdata/fuzz/FuzzWheel by the fuzzer; keep it there, and it
+// becomes a regression test.
+func FuzzWheel(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{0, 1, 0, 0, 5, 0})
+	// Schedule at the top level's edge and at the end of time, then jump to the end of time.
+	f.Add([]byte{2, 3, 0, 5, 128, 1, 0, 7, 0, 0, 6, 0, 5, 5})
+	// Schedule, reset, stop, stale stop, advance by years.
+	f.Add([]byte{0, 0, 0, 3, 10, 0, 0, 4, 4, 0, 0, 3, 3, 0, 0, 9, 5, 4, 2, 3, 1, 0})
+	// Every, then huge advances.
+	f.Add([]byte{1, 1, 7, 9, 3, 0, 5, 3, 0, 1, 0, 6, 4, 3, 5, 5})
+	big := make([]byte, 0, 256)
+	for i := 0; i < 64; i++ {
+		big = append(big, byte(i%10), byte(i*7), byte(i*13), byte(math.MaxUint8-i))
+	}
+	f.Add(big)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		relRun(t, data)
+	})
+}

@@ -1,0 +1,518 @@
+package shardwheel_test
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	sw "github.com/shardwheel/shardwheel"
+	"github.com/stretchr/testify/require"
+)
+
+// The reference model: a deliberately simple scheduler with no concurrency and no wheel, only a
+// list of timers and the arithmetic of the contract, in nanoseconds and ticks of a manual clock.
+// The harness below (relRun) drives a real Wheel (WithWorkers(0), so callbacks run inside
+// ManualClock.Advance on the test's goroutine) and the model with the same operations, and
+// requires after every step that exactly the same timers have fired, each once, none early, in
+// deadline order by tick within one Advance, and that every Stop and Reset answered as the
+// model says.
+//
+// The deadline rule, written from the contract and not from the core's code:
+//   - a timer (re)armed at manual time T with delay d > 0 is due at the first tick boundary at or
+//     after T+d; it fires in the first Advance that brings the clock to that boundary or beyond;
+//   - a timer with d <= 0 is due at once and fires in the next Advance (Advance(0) included);
+//   - the clock saturates at math.MaxInt64 ns (the end of time); a timer whose T+d is at or before
+//     it fires when the clock gets there. One whose T+d lies beyond it (only possible when armed at
+//     T > 0 with a huge d) may fire at the end of time or never: the contract leaves it open (the
+//     core has done both), so the model accepts either, and then holds the wheel to what it did;
+//   - an Every run re-arms the series one interval after the run started (the Advance's time).
+
+const (
+	mPending = iota
+	mFired   // one-shot whose callback ran
+	mStopped // a Stop reported true
+	mDropped // pending at Wheel.Stop
+)
+
+type mTimer struct {
+	id       int
+	state    int
+	armed    int64 // manual time of the (re)arming, ns since the clock's start
+	delay    int64 // ns, as passed (may be <= 0)
+	periodic bool
+	interval int64 // of an Every; a Reset moves only the next run
+	runs     int   // callbacks that ran
+	handle   sw.Timer
+}
+
+type model struct {
+	tick   int64
+	now    int64 // ns since start; saturates at math.MaxInt64
+	timers []*mTimer
+}
+
+// satAdd adds two non-negative int64s, saturating at math.MaxInt64.
+func satAdd(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// endTick is the tick of the end of time: the boundary that math.MaxInt64 ns rounds up to.
+func (m *model) endTick() uint64 {
+	return uint64(math.MaxInt64)/uint64(m.tick) + 1 // MaxInt64 is never a whole number of ticks here
+}
+
+// key is the tick a pending timer is due at, for checking the order of firing within an Advance.
+func (m *model) key(t *mTimer) uint64 {
+	if t.delay <= 0 {
+		if t.armed == math.MaxInt64 {
+			return m.endTick()
+		}
+		return uint64(t.armed) / uint64(m.tick)
+	}
+	target := uint64(t.armed) + uint64(t.delay) // < 2^64: no overflow in uint64
+	if target >= math.MaxInt64 {
+		return m.endTick()
+	}
+	k := target / uint64(m.tick)
+	if target%uint64(m.tick) != 0 {
+		k++
+	}
+	return k
+}
+
+// beyond reports whether a timer's deadline lies past the end of time.
+func (m *model) beyond(t *mTimer) bool {
+	return t.delay > 0 && uint64(t.armed)+uint64(t.delay) > math.MaxInt64
+}
+
+// due reports whether a pending timer must have fired once the clock reads m.now.
+func (m *model) due(t *mTimer) bool {
+	if t.delay <= 0 {
+		return true
+	}
+	if m.beyond(t) {
+		return false // see maybe
+	}
+	if m.now == math.MaxInt64 {
+		return true
+	}
+	boundary := uint64(m.now) / uint64(m.tick) * uint64(m.tick) // the last tick boundary passed
+	return boundary >= uint64(t.armed)+uint64(t.delay)
+}
+
+// maybe reports whether a pending timer may, but need not, have fired once the clock reads m.now.
+func (m *model) maybe(t *mTimer) bool { return m.now == math.MaxInt64 && m.beyond(t) }
+
+func (m *model) pending() int {
+	n := 0
+	for _, t := range m.timers {
+		if t.state == mPending {
+			n++
+		}
+	}
+	return n
+}
+
+// relHarness runs one sequence of operations against a Wheel and the model.
+type relHarness struct {
+	t      testing.TB
+	clock  *sw.ManualClock
+	w      *sw.Wheel
+	m      model
+	fired  []int // ids, in the order their callbacks ran during the current Advance
+	log    []string
+	stats  struct{ fired, stopped, scheduled uint64 }
+	argFns func(any)
+}
+
+func newRelHarness(t testing.TB, tick time.Duration, shards int) *relHarness {
+	h := &relHarness{t: t, m: model{tick: int64(tick)}}
+	h.clock = sw.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	w, err := sw.New(sw.WithClock(h.clock), sw.WithWorkers(0), sw.WithTick(tick), sw.WithShards(shards))
+	require.NoError(t, err)
+	h.w = w
+	h.argFns = func(arg any) { h.fired = append(h.fired, arg.(int)) }
+	h.logf("New(tick=%v, shards=%d)", tick, shards)
+	return h
+}
+
+func (h *relHarness) logf(format string, args ...any) {
+	h.log = append(h.log, fmt.Sprintf(format, args...))
+}
+
+// fail reports a mismatch with the sequence of operations that led to it.
+func (h *relHarness) fail(format string, args ...any) {
+	h.t.Helper()
+	h.w.Stop()
+	h.t.Fatalf("%s\noperations:\n  %s", fmt.Sprintf(format, args...), strings.Join(h.log, "\n  "))
+}
+
+func (h *relHarness) check(cond bool, format string, args ...any) {
+	h.t.Helper()
+	if !cond {
+		h.fail(format, args...)
+	}
+}
+
+func (h *relHarness) schedule(d time.Duration, useArg bool) {
+	id := len(h.m.timers)
+	h.logf("t%d = AfterFunc(%d) at %d", id, int64(d), h.m.now)
+	var tm sw.Timer
+	var err error
+	if useArg {
+		tm, err = h.w.AfterFuncArg(d, h.argFns, id)
+	} else {
+		tm, err = h.w.AfterFunc(d, func() { h.fired = append(h.fired, id) })
+	}
+	h.check(err == nil, "AfterFunc(%v): %v", d, err)
+	h.m.timers = append(h.m.timers, &mTimer{id: id, armed: h.m.now, delay: int64(d), handle: tm})
+	h.stats.scheduled++
+	h.checkLen()
+}
+
+func (h *relHarness) every(d time.Duration) {
+	if h.m.now == math.MaxInt64 {
+		return // see relAdvance: Every at the end of time is TestClockEveryAtEndOfTime's subject
+	}
+	id := len(h.m.timers)
+	h.logf("t%d = Every(%d) at %d", id, int64(d), h.m.now)
+	tm, err := h.w.Every(d, func() { h.fired = append(h.fired, id) })
+	h.check(err == nil, "Every(%v): %v", d, err)
+	h.m.timers = append(h.m.timers, &mTimer{id: id, armed: h.m.now, delay: int64(d), periodic: true, interval: int64(d), handle: tm})
+	h.stats.scheduled++
+	h.checkLen()
+}
+
+func (h *relHarness) stop(i int) {
+	if len(h.m.timers) == 0 {
+		return
+	}
+	mt := h.m.timers[i%len(h.m.timers)]
+	want := mt.state == mPending
+	got := mt.handle.Stop()
+	h.logf("t%d.Stop() = %v", mt.id, got)
+	h.check(got == want, "t%d.Stop() = %v, model says %v (state %d)", mt.id, got, want, mt.state)
+	if want {
+		mt.state = mStopped
+		h.stats.stopped++
+	}
+	h.checkLen()
+}
+
+func (h *relHarness) reset(i int, d time.Duration) {
+	if len(h.m.timers) == 0 {
+		return
+	}
+	mt := h.m.timers[i%len(h.m.timers)]
+	want := mt.state == mPending
+	got := mt.handle.Reset(d)
+	h.logf("t%d.Reset(%d) = %v at %d", mt.id, int64(d), got, h.m.now)
+	h.check(got == want, "t%d.Reset(%d) = %v, model says %v (state %d)", mt.id, int64(d), got, want, mt.state)
+	if want {
+		mt.armed, mt.delay = h.m.now, int64(d)
+	}
+	h.checkLen()
+}
+
+func (h *relHarness) zeroHandle(d time.Duration) {
+	var z sw.Timer
+	h.check(!z.Stop(), "zero Timer.Stop() = true")
+	h.check(!z.Reset(d), "zero Timer.Reset() = true")
+}
+
+func (h *relHarness) advance(d time.Duration) {
+	if satAdd(h.m.now, int64(d)) == math.MaxInt64 {
+		// An Every at the end of time would be due again the moment it re-arms; that case has
+		// its own test (TestClockEveryAtEndOfTime). Here the series end before the clock gets there.
+		for _, mt := range h.m.timers {
+			if mt.periodic && mt.state == mPending {
+				h.stop(mt.id)
+			}
+		}
+	}
+	h.m.now = satAdd(h.m.now, int64(d))
+	want := map[int]uint64{}  // id -> due tick: must fire
+	maybe := map[int]uint64{} // may fire (past the end of time)
+	for _, mt := range h.m.timers {
+		if mt.state == mPending && h.m.due(mt) {
+			want[mt.id] = h.m.key(mt)
+		} else if mt.state == mPending && h.m.maybe(mt) {
+			maybe[mt.id] = h.m.key(mt)
+		}
+	}
+	h.fired = h.fired[:0]
+	h.clock.Advance(d)
+	h.logf("Advance(%d) -> %d fired %v", int64(d), h.m.now, h.fired)
+
+	seen := map[int]bool{}
+	var last uint64
+	for _, id := range h.fired {
+		k, ok := want[id]
+		if !ok {
+			k, ok = maybe[id]
+		}
+		h.check(!seen[id], "t%d fired twice in one Advance", id)
+		seen[id] = true
+		h.check(ok, "t%d fired but is not due (state %d, armed %d, delay %d, now %d): early or stale",
+			id, h.m.timers[id].state, h.m.timers[id].armed, h.m.timers[id].delay, h.m.now)
+		h.check(k >= last, "t%d (tick %d) fired after a timer of tick %d: out of deadline order", id, k, last)
+		last = k
+	}
+	for id := range want {
+		h.check(seen[id], "t%d is due (armed %d, delay %d, now %d) but did not fire", id,
+			h.m.timers[id].armed, h.m.timers[id].delay, h.m.now)
+	}
+	for _, id := range h.fired {
+		mt := h.m.timers[id]
+		mt.runs++
+		h.stats.fired++
+		if mt.periodic {
+			mt.armed, mt.delay = h.m.now, mt.interval // due one interval after this run started
+			h.stats.scheduled++                       // each run counts once in Scheduled
+		} else {
+			mt.state = mFired
+		}
+	}
+	h.checkLen()
+}
+
+func (h *relHarness) checkLen() {
+	h.t.Helper()
+	st := h.w.Stats()
+	h.check(st.Pending == h.m.pending(), "Len %d, model %d", st.Pending, h.m.pending())
+	h.check(st.Fired == h.stats.fired && st.Stopped == h.stats.stopped && st.Scheduled == h.stats.scheduled,
+		"Stats %+v, model fired %d stopped %d scheduled %d", st, h.stats.fired, h.stats.stopped, h.stats.scheduled)
+}
+
+// finish stops the wheel: its return value is the model's pending count, every handle is inert
+// afterwards, and the counters balance.
+func (h *relHarness) finish() {
+	want := h.m.pending()
+	n := h.w.Stop()
+	h.logf("Wheel.Stop() = %d", n)
+	h.check(n == want, "Wheel.Stop() = %d, model has %d pending", n, want)
+	for _, mt := range h.m.timers {
+		h.check(!mt.handle.Stop(), "t%d.Stop() after Wheel.Stop = true", mt.id)
+		h.check(!mt.handle.Reset(time.Millisecond), "t%d.Reset() after Wheel.Stop = true", mt.id)
+		if mt.state == mPending {
+			mt.state = mDropped
+		}
+		if !mt.periodic {
+			h.check(mt.runs <= 1, "t%d ran %d times", mt.id, mt.runs)
+		}
+	}
+	h.fired = h.fired[:0]
+	h.clock.Advance(math.MaxInt64)
+	h.check(len(h.fired) == 0, "timers fired after Wheel.Stop: %v", h.fired)
+	_, err := h.w.AfterFunc(0, func() {})
+	h.check(err == sw.ErrClosed, "AfterFunc after Stop: %v", err)
+	st := h.w.Stats()
+	h.check(st.Scheduled == st.Fired+st.Stopped+st.Dropped, "after Stop: Scheduled %d != Fired %d + Stopped %d + Dropped %d",
+		st.Scheduled, st.Fired, st.Stopped, st.Dropped)
+	h.check(st.Dropped == uint64(want) && st.Pending == 0, "after Stop: %+v, want Dropped %d", st, want)
+}
+
+// relTicks are the ticks the fuzzer picks from: round, odd, and fine enough that the top level
+// (2^36 ticks) and the end of time are both reachable. Not 1 ns: at that tick the end of time is
+// tick math.MaxInt64, and TestClockEndOfTimeOneNanosecondTick shows Advance never returning there.
+var relTicks = []time.Duration{time.Millisecond, 1_000_003, 250 * time.Microsecond, 10 * time.Millisecond, 7 * time.Microsecond}
+
+// relBytes decodes fuzz input; past its end it reads zeros.
+type relBytes struct {
+	b []byte
+	i int
+}
+
+func (r *relBytes) u8() uint8 {
+	if r.i >= len(r.b) {
+		r.i++
+		return 0
+	}
+	r.i++
+	return r.b[r.i-1]
+}
+
+func (r *relBytes) u16() uint64 { return uint64(r.u8()) | uint64(r.u8())<<8 }
+func (r *relBytes) u32() uint64 { return r.u16() | r.u16()<<16 }
+func (r *relBytes) u64() uint64 { return r.u32() | r.u32()<<32 }
+func (r *relBytes) done() bool  { return r.i >= len(r.b) }
+
+// satMul multiplies non-negative int64s, saturating at math.MaxInt64.
+func satMul(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
+}
+
+const relYear = int64(365 * 24 * time.Hour)
+
+// delay decodes a delay for AfterFunc or Reset: zero, negative, sub-tick, a few ticks, tick
+// boundaries, the top level's edge (2^36 ticks), years, anything up to math.MaxInt64.
+func (r *relBytes) delay(tick int64) time.Duration {
+	switch r.u8() % 11 {
+	case 0:
+		return 0
+	case 1:
+		if r.u8()%4 == 0 {
+			return math.MinInt64
+		}
+		return -time.Duration(r.u16()) - 1
+	case 2:
+		return time.Duration(r.u8()) + 1 // below a tick, mostly
+	case 3:
+		return time.Duration(satMul(int64(r.u8()), tick) + int64(r.u8()%3) - 1) // at, just before and after a boundary
+	case 4:
+		return time.Duration(satMul(int64(r.u32()%(1<<24)), tick))
+	case 5:
+		return time.Duration(satAdd(satMul(1<<36+int64(r.u8())-128, tick), int64(r.u8()%3))) // around the top level
+	case 6:
+		return time.Duration(r.u64() >> 1)
+	case 7:
+		return math.MaxInt64 - time.Duration(r.u8())
+	case 8:
+		return time.Duration(satMul(int64(r.u8()%10)+1, relYear) + int64(r.u16()))
+	case 9:
+		return time.Duration(satMul(int64(r.u16()), tick))
+	default:
+		return time.Duration(satMul(int64(r.u8()), tick/3+1))
+	}
+}
+
+// advance decodes an Advance amount: zero, a little, some ticks, years, math.MaxInt64.
+func (r *relBytes) advance(tick int64) time.Duration {
+	switch r.u8() % 9 {
+	case 0:
+		return 0
+	case 1:
+		return time.Duration(r.u8())
+	case 2:
+		return time.Duration(satMul(int64(r.u8()), tick))
+	case 3:
+		return time.Duration(satMul(int64(r.u16()), tick) + int64(r.u8()))
+	case 4:
+		return time.Duration(satMul(int64(r.u8()%5)+1, relYear))
+	case 5:
+		return math.MaxInt64
+	case 6:
+		return time.Duration(r.u64() >> 1)
+	case 7:
+		return time.Duration(satMul(1<<36, tick))
+	default:
+		return time.Duration(satMul(int64(r.u32()%(1<<26)), tick))
+	}
+}
+
+// relRun decodes data into a sequence of operations and runs it against a Wheel and the model.
+func relRun(t testing.TB, data []byte) {
+	r := &relBytes{b: data}
+	tick := relTicks[int(r.u8())%len(relTicks)]
+	shards := 1 + int(r.u8()%4)
+	h := newRelHarness(t, tick, shards)
+	for ops := 0; !r.done() && ops < 400; ops++ {
+		switch op := r.u8(); op % 10 {
+		case 0, 1, 2:
+			h.schedule(r.delay(int64(tick)), op&16 != 0)
+		case 3:
+			h.stop(int(r.u16()))
+		case 4:
+			h.reset(int(r.u16()), r.delay(int64(tick)))
+		case 5, 6:
+			h.advance(r.advance(int64(tick)))
+		case 7:
+			d := r.delay(int64(tick))
+			if d > 0 {
+				h.every(d)
+			}
+		case 8:
+			h.zeroHandle(r.delay(int64(tick)))
+			h.advance(0)
+		case 9:
+			// Stop or Reset the handle of a timer that already fired or was stopped, if any.
+			for _, mt := range h.m.timers {
+				if mt.state != mPending {
+					if op&16 != 0 {
+						h.reset(mt.id, r.delay(int64(tick)))
+					} else {
+						h.stop(mt.id)
+					}
+					break
+				}
+			}
+		}
+	}
+	h.advance(r.advance(int64(tick)))
+	h.finish()
+}
+
+// TestModelRandomSequences runs random operation sequences through the harness, so that plain
+// `go test` covers the model comparison beyond the fuzz corpus.
+func TestModelRandomSequences(t *testing.T) {
+	n := 300
+	if testing.Short() {
+		n = 60
+	}
+	rng := rand.New(rand.NewPCG(5, 5))
+	for i := range n {
+		data := make([]byte, 64+rng.IntN(512))
+		for j := range data {
+			data[j] = byte(rng.Uint32())
+		}
+		if !t.Run(fmt.Sprint(i), func(t *testing.T) { relRun(t, data) }) {
+			t.Logf("failing input: %q", data)
+			return
+		}
+	}
+}
+
+// TestModelScenarios holds hand-written sequences whose expected firings are spelled out, so that
+// the model itself is checked against the contract and not only against the wheel.
+func TestModelScenarios(t *testing.T) {
+	tick := time.Millisecond
+	h := newRelHarness(t, tick, 2)
+	h.schedule(0, false)                           // t0: due at the next Advance
+	h.schedule(-time.Second, true)                 // t1: likewise
+	h.schedule(1, false)                           // t2: due at the 1 ms boundary
+	h.schedule(time.Millisecond, false)            // t3: due at 1 ms exactly
+	h.schedule(time.Millisecond+1, false)          // t4: due at 2 ms
+	h.schedule(time.Duration(1<<36)*tick, false)   // t5: the top level's edge
+	h.schedule(time.Duration(1<<36)*tick+1, false) // t6: one ns past it
+	h.schedule(math.MaxInt64, false)               // t7: the end of time
+	h.advance(0)
+	require.Equal(t, []int{0, 1}, sortedInts(h.fired))
+	h.advance(999_999)
+	require.Empty(t, h.fired)
+	h.advance(1)
+	require.Equal(t, []int{2, 3}, sortedInts(h.fired))
+	h.stop(4)
+	h.stop(4)             // stale: already stopped
+	h.reset(2, time.Hour) // stale: already fired
+	h.reset(5, 3*time.Millisecond)
+	h.advance(3 * time.Millisecond)
+	require.Equal(t, []int{5}, h.fired)
+	h.advance(time.Duration(1<<36) * tick)
+	require.Equal(t, []int{6}, h.fired)
+	h.advance(math.MaxInt64)
+	require.Equal(t, []int{7}, h.fired)
+	h.schedule(time.Hour, false) // t8, armed at the end of time: past it, may fire or not
+	h.advance(0)
+	require.Subset(t, []int{8}, h.fired)
+	h.schedule(0, false) // t9, armed at the end of time with d = 0: due at once
+	h.advance(0)
+	require.Equal(t, []int{9}, h.fired)
+	h.schedule(-1, false) // t10: pending at Wheel.Stop
+	h.finish()
+}
+
+func sortedInts(s []int) []int {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
