@@ -168,13 +168,21 @@ func (t Timer) Reset(d time.Duration) bool {
 		// word and then the old deadline CASes that old word and fails, so it never fires on a
 		// deadline that a Reset was replacing, and never misses the new one.
 		if e.state.CompareAndSwap(w, withState(w, stResetting)) {
+			old := e.when.Load()
 			e.when.Store(when)
 			e.state.Store(bumpVersion(w))
+			if when >= old {
+				// 4. Later (a keep-alive): the entry stays where it is linked, which is never
+				// after its deadline; when that bucket comes due the shard finds the new
+				// deadline and re-inserts it (shard.expire). No command, as go-zero defers
+				// its moves until the slot is scanned.
+				return true
+			}
 			break
 		}
 	}
-	// 3. Tell the shard to move the entry; a stale command (the timer fired meanwhile and the
-	// entry was reused) carries the old gen and is ignored.
+	// 4. Earlier: tell the shard to move the entry up; a stale command (the timer fired
+	// meanwhile and the entry was reused) carries the old gen and is ignored.
 	s.send(e, t.gen, opReset)
 	s.noteDeadline(when)
 	return true
