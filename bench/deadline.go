@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,22 +76,7 @@ func runCtxPairs(f withTimeoutFunc, procs int, dur time.Duration) PairResult {
 	}
 	ready.Wait()
 	settle()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	t0 := time.Now()
-	close(start)
-	time.Sleep(dur)
-	stop.Store(true)
-	wg.Wait()
-	el := time.Since(t0)
-	runtime.ReadMemStats(&m1)
-	p := float64(pairs.Load())
-	return PairResult{
-		NsPerPair:     float64(el.Nanoseconds()) / p,
-		AllocsPerPair: float64(m1.Mallocs-m0.Mallocs) / p,
-		BytesPerPair:  float64(m1.TotalAlloc-m0.TotalAlloc) / p,
-		Pairs:         pairs.Load(),
-	}
+	return measureWindow(&ready, &wg, start, &stop, &pairs, dur)
 }
 
 // runCtxCheck creates n deadline contexts due within spread and watches each with

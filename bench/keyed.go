@@ -1,7 +1,6 @@
 package main
 
 import (
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -204,20 +203,5 @@ func measureRearm(ki KeyedImpl, n, procs int, dur time.Duration, set bool, recs 
 	}
 	ready.Wait()
 	settle()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	t0 := time.Now()
-	close(start)
-	time.Sleep(dur)
-	stop.Store(true)
-	wg.Wait()
-	el := time.Since(t0)
-	runtime.ReadMemStats(&m1)
-	o := float64(ops.Load())
-	return PairResult{
-		NsPerPair:     float64(el.Nanoseconds()) / o,
-		AllocsPerPair: float64(m1.Mallocs-m0.Mallocs) / o,
-		BytesPerPair:  float64(m1.TotalAlloc-m0.TotalAlloc) / o,
-		Pairs:         ops.Load(),
-	}
+	return measureWindow(&ready, &wg, start, &stop, &ops, dur)
 }

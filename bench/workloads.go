@@ -86,25 +86,9 @@ func runPairs(im Impl, procs int, dur time.Duration) PairResult {
 			errCount.Add(ec)
 		}()
 	}
-	ready.Wait()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	t0 := time.Now()
-	close(start)
-	time.Sleep(dur)
-	stop.Store(true)
-	wg.Wait()
-	el := time.Since(t0)
-	runtime.ReadMemStats(&m1)
-	p := float64(pairs.Load())
-	return PairResult{
-		NsPerPair:     float64(el.Nanoseconds()) / p,
-		AllocsPerPair: float64(m1.Mallocs-m0.Mallocs) / p,
-		BytesPerPair:  float64(m1.TotalAlloc-m0.TotalAlloc) / p,
-		Pairs:         pairs.Load(),
-		StopFalse:     stopFalse.Load(),
-		Errors:        errCount.Load(),
-	}
+	r := measureWindow(&ready, &wg, start, &stop, &pairs, dur)
+	r.StopFalse, r.Errors = stopFalse.Load(), errCount.Load()
+	return r
 }
 
 // fill schedules timers [from, to) of slab on im from procs goroutines, each an hour out
@@ -292,5 +276,28 @@ func profileIdle(k Kind, n int) func() {
 	return func() {
 		pprof.StopCPUProfile()
 		f.Close()
+	}
+}
+
+// measureWindow releases the producers waiting on start (each has called ready.Done and counts
+// its operations in ops), lets them run for dur, stops them and returns the cost per operation:
+// wall time, and allocations and bytes from runtime.MemStats over the whole process.
+func measureWindow(ready, wg *sync.WaitGroup, start chan struct{}, stop *atomic.Bool, ops *atomic.Int64, dur time.Duration) PairResult {
+	ready.Wait()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	t0 := time.Now()
+	close(start)
+	time.Sleep(dur)
+	stop.Store(true)
+	wg.Wait()
+	el := time.Since(t0)
+	runtime.ReadMemStats(&m1)
+	n := float64(ops.Load())
+	return PairResult{
+		NsPerPair:     float64(el.Nanoseconds()) / n,
+		AllocsPerPair: float64(m1.Mallocs-m0.Mallocs) / n,
+		BytesPerPair:  float64(m1.TotalAlloc-m0.TotalAlloc) / n,
+		Pairs:         ops.Load(),
 	}
 }
