@@ -84,7 +84,6 @@ func (t *TestWheel) Advance(now int64) {
 func (t *TestWheel) Elapsed() int64        { return t.w.elapsed }
 func (t *TestWheel) NextDue() int64        { return t.w.nextDue() }
 func (t *TestWheel) Len() int              { return t.w.count }
-func (t *TestWheel) HeapLen() int          { return t.w.heap.len() }
 func (t *TestWheel) Occupied(l int) uint64 { return t.w.occupied[l] }
 func (t *TestWheel) Verify() error         { return t.w.verify() }
 

@@ -123,6 +123,3 @@ func (r *ring) close() uint64 {
 		}
 	}
 }
-
-// claimed returns how many positions producers have claimed so far.
-func (r *ring) claimed() uint64 { return r.tail.Load() &^ ringClosed }

@@ -58,6 +58,10 @@ type Wheel struct {
 
 	closed atomic.Bool // set once by Stop; scheduling calls then fail fast
 
+	// Above: read by every producer, written once. Below: written by the advancer at every
+	// round; the pad keeps those writes off the producers' line.
+	_ [cacheLineSize]byte
+
 	// The advancer: the clock goroutine, or the caller of ManualClock.Advance holding advMu.
 	advMu    sync.Mutex   // serialises manual advances with each other and with Stop
 	advancer atomic.Int64 // goroutine id of the advancer while it runs (for Stop from a callback)
