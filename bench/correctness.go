@@ -84,17 +84,7 @@ func runCheck(k Kind, n, procs int, spread, grace time.Duration, slab []Rec, hs 
 	var rejected atomic.Int64
 	parallel(procs, n, func(g, lo, hi int) {
 		rg := rng(2, g)
-		for i := lo; i < hi; i++ {
-			d := time.Duration(rg.Int64N(int64(spread) + 1))
-			r := &recs[i]
-			r.deadline.Store(mono() + int64(d))
-			h, err := im.Schedule(d, r)
-			if err != nil {
-				rejected.Add(1)
-				r.stopped.Store(true)
-			}
-			hs[i] = h
-		}
+		scheduleSpread(im, recs, hs, lo, hi, rg, spread, &rejected)
 		for i := lo; i < hi; i++ {
 			r := &recs[i]
 			if r.stopped.Load() {

@@ -135,18 +135,7 @@ func runFlood(k Kind, n, procs int, spread, grace time.Duration, slab []Rec, hs 
 	var rejected atomic.Int64
 	t0 := mono()
 	parallel(procs, n, func(g, lo, hi int) {
-		rg := rng(1, g)
-		for i := lo; i < hi; i++ {
-			d := time.Duration(rg.Int64N(int64(spread) + 1))
-			r := &recs[i]
-			r.deadline.Store(mono() + int64(d))
-			h, err := im.Schedule(d, r)
-			if err != nil {
-				rejected.Add(1)
-				r.stopped.Store(true) // not accepted: neither expected to fire nor lost
-			}
-			hs[i] = h
-		}
+		scheduleSpread(im, recs, hs, lo, hi, rng(1, g), spread, &rejected)
 	})
 	sched := mono() - t0
 	w.waitDone(spread + grace)
@@ -299,5 +288,22 @@ func measureWindow(ready, wg *sync.WaitGroup, start chan struct{}, stop *atomic.
 		AllocsPerPair: float64(m1.Mallocs-m0.Mallocs) / n,
 		BytesPerPair:  float64(m1.TotalAlloc-m0.TotalAlloc) / n,
 		Pairs:         ops.Load(),
+	}
+}
+
+// scheduleSpread schedules recs[lo:hi] on im with delays uniform over [0, spread], noting each
+// deadline (the monotonic time just before the call, plus d) and handle. A rejected timer is
+// counted in rejected and marked stopped: not accepted, so neither expected to fire nor lost.
+func scheduleSpread(im Impl, recs []Rec, hs []Handle, lo, hi int, rg *rand.Rand, spread time.Duration, rejected *atomic.Int64) {
+	for i := lo; i < hi; i++ {
+		d := time.Duration(rg.Int64N(int64(spread) + 1))
+		r := &recs[i]
+		r.deadline.Store(mono() + int64(d))
+		h, err := im.Schedule(d, r)
+		if err != nil {
+			rejected.Add(1)
+			r.stopped.Store(true)
+		}
+		hs[i] = h
 	}
 }
