@@ -53,16 +53,8 @@ func (w *Wheel) runPeriodic(e *entry, fired *paddedCounter) {
 		// A manual clock at the end of time cannot move again, and every deadline is due there:
 		// re-arming would run the series forever inside one Advance. The series ends here and
 		// its next run counts as dropped, as if Wheel.Stop had ended it.
-		for {
-			s := e.state.Load()
-			if isState(s, stStopped) {
-				break // a Stop during this run got it first and counted it
-			}
-			if e.state.CompareAndSwap(s, withState(s, stDropped)) {
-				w.dropped.Inc()
-				w.releasePending(1)
-				break
-			}
+		if dropFrom(e, stRunning) { // else a Stop during this run got it first and counted it
+			w.noteDropped(1)
 		}
 		freeEntry(e)
 		return
@@ -81,18 +73,12 @@ func (w *Wheel) runPeriodic(e *entry, fired *paddedCounter) {
 		}
 	}
 	if ok, _ := ev.s.send(e, gen, opAdd); !ok {
-		// Wheel.Stop closed the ring during the run: the next run will never happen.
-		for {
-			s := e.state.Load()
-			if !isState(s, stPending) {
-				return // a Timer.Stop got it first and counted it
-			}
-			if e.state.CompareAndSwap(s, withState(s, stDropped)) {
-				w.dropped.Inc()
-				w.releasePending(1)
-				return
-			}
+		// Wheel.Stop closed the ring during the run: the next run will never happen. A Reset
+		// may hold the entry meanwhile; dropFrom waits for it rather than lose the count.
+		if dropFrom(e, stPending) {
+			w.noteDropped(1)
 		}
+		return
 	}
 	ev.s.noteDeadline(when)
 }

@@ -208,20 +208,29 @@ func (s *shard) dropLocked() int {
 	}
 	n := 0
 	s.tw.forEach(func(e *entry) {
-		for {
-			w := e.state.Load()
-			if isState(w, stResetting) {
-				runtime.Gosched() // a Reset holds it for two stores
-				continue
-			}
-			if !isState(w, stPending) {
-				return
-			}
-			if e.state.CompareAndSwap(w, withState(w, stDropped)) {
-				n++
-				return
-			}
+		if dropFrom(e, stPending) {
+			n++
 		}
 	})
 	return n
+}
+
+// dropFrom moves e from state from (pending, or running for an Every whose series ends) to
+// dropped and reports whether it did; false if a Stop moved it first. It yields while a Reset
+// holds the entry (two stores), so a timer being reset is dropped, never skipped. The caller
+// counts what it dropped (Wheel.noteDropped).
+func dropFrom(e *entry, from uint64) bool {
+	for {
+		w := e.state.Load()
+		switch stateOf(w) {
+		case stResetting:
+			runtime.Gosched()
+		case from:
+			if e.state.CompareAndSwap(w, withState(w, stDropped)) {
+				return true
+			}
+		default:
+			return false
+		}
+	}
 }

@@ -216,6 +216,12 @@ func (w *Wheel) releasePending(n int64) {
 	}
 }
 
+// noteDropped counts n timers that will never run because the wheel stopped.
+func (w *Wheel) noteDropped(n int64) {
+	w.dropped.Add(n)
+	w.releasePending(n)
+}
+
 // shardToken maps a P to a shard. Tokens live in a sync.Pool, whose per-P caches return to each P
 // the token it last put back, so the goroutines of one P keep to one shard without touching any
 // cache line shared by all producers. The pool may hand a token to another P (it steals), and two
@@ -354,8 +360,7 @@ func (w *Wheel) stop() int {
 		n += s.dropLocked()
 		s.mu.Unlock()
 	}
-	w.dropped.Add(int64(n))
-	w.releasePending(int64(n))
+	w.noteDropped(int64(n))
 
 	if onAdvancer {
 		w.stopDeferred = true // read by the advancer, which is this goroutine

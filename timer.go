@@ -71,6 +71,11 @@ func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPendi
 //     (the ring's sequence store orders them), read by the worker that runs it; immutable between.
 //   - next, prev, level, slot, linked: owned by the shard goroutine (whoever holds shard.mu).
 //
+// Invariant while linked: the entry's bucket starts at or before when, so the shard visits it
+// no later than its deadline. Reset keeps it: a Reset that lowers when sends a reset command
+// that moves the entry up; one that raises when sends none, and shard.expire re-inserts the
+// entry at its new deadline when the old bucket comes due.
+//
 // 64 bytes, one size class; never padded (millions of them).
 type entry struct {
 	state    atomic.Uint64
