@@ -69,7 +69,7 @@ func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPendi
 //     and by Timer.Reset; read by the shard that holds the entry.
 //   - f, arg, periodic: written by the producer before the entry is published through the ring
 //     (the ring's sequence store orders them), read by the worker that runs it; immutable between.
-//   - next, prev, level, slot, linked: owned by the shard goroutine (whoever holds shard.mu).
+//   - next, prev, level, slot, lane, linked: owned by the shard goroutine (whoever holds shard.mu).
 //
 // Invariant while linked: the entry's bucket starts at or before when, so the shard visits it
 // no later than its deadline. Reset keeps it: a Reset that lowers when sends a reset command
@@ -86,6 +86,7 @@ type entry struct {
 	arg      any
 	level    uint8
 	slot     uint8
+	lane     uint8
 	linked   bool
 	periodic bool
 }

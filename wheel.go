@@ -34,6 +34,14 @@ const (
 	wheelBits  = slotBits * numLevels // 36
 	wheelSpan  = int64(1) << wheelBits
 	overflowLv = numLevels // the level index of the parking bucket
+
+	// Each bucket is laneCount independent lists, filled round-robin. Taking a bucket walks
+	// its lanes side by side, so the loads of laneCount next pointers are in flight at once:
+	// a single list is a chain of dependent cache misses, and in a flood (thousands of
+	// cache-cold entries per tick) that chain was most of the advancer's time.
+	laneBits  = 3
+	laneCount = 1 << laneBits
+	laneMask  = laneCount - 1
 )
 
 // levelFor returns the level at which an entry due at tick when belongs, seen from tick elapsed
@@ -64,11 +72,21 @@ func bucketStart(when int64, level int) int64 {
 	return when &^ (int64(1)<<(uint(level)*slotBits) - 1)
 }
 
-// bucket is one slot: an intrusive doubly-linked list of entries.
+// bucket is one slot: laneCount intrusive doubly-linked lists of entries.
 type bucket struct {
-	head   *entry
-	start  int64 // tick at which the bucket comes due; valid while the bucket is in the heap
-	queued bool  // the heap holds a node for this bucket (possibly stale if it emptied since)
+	lanes  [laneCount]*entry // the heads
+	start  int64             // tick at which the bucket comes due; valid while the bucket is in the heap
+	queued bool              // the heap holds a node for this bucket (possibly stale if it emptied since)
+}
+
+// empty reports whether no lane holds an entry.
+func (b *bucket) empty() bool {
+	for _, h := range b.lanes {
+		if h != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // wheel is the hierarchical timing wheel of one shard. Owned by the holder of shard.mu.
@@ -76,6 +94,7 @@ type wheel struct {
 	target   int64                           // the tick the running advance goes to (only meaningful during advance)
 	elapsed  int64                           // ticks processed; never decreases
 	count    int                             // entries linked
+	lane     uint8                           // the lane the next insert uses
 	occupied [numLevels + 1]uint64           // bit s of level l set iff buckets[l][s] is non-empty
 	buckets  [numLevels + 1][numSlots]bucket // level overflowLv uses slot 0 only
 	heap     bucketHeap
@@ -94,9 +113,7 @@ func (w *wheel) insert(e *entry, when int64) {
 		sl = slotFor(when, lv)
 	}
 	b := &w.buckets[lv][sl]
-	if b.head == nil {
-		w.occupied[lv] |= 1 << uint(sl)
-	}
+	w.occupied[lv] |= 1 << uint(sl)
 	// A level bucket's start is the same for all its entries (they share the bits above the
 	// level with elapsed, and its start only changes once time passed it, which pops its node),
 	// so one node per bucket. The overflow bucket's start is the earliest era start of its
@@ -108,13 +125,16 @@ func (w *wheel) insert(e *entry, when int64) {
 		b.queued = true
 		w.heap.push(heapNode{start: start, level: uint8(lv), slot: uint8(sl)})
 	}
+	ln := w.lane
+	w.lane = (ln + 1) & laneMask
+	head := b.lanes[ln]
 	e.prev = nil
-	e.next = b.head
-	if b.head != nil {
-		b.head.prev = e
+	e.next = head
+	if head != nil {
+		head.prev = e
 	}
-	b.head = e
-	e.level, e.slot, e.linked = uint8(lv), uint8(sl), true
+	b.lanes[ln] = e
+	e.level, e.slot, e.lane, e.linked = uint8(lv), uint8(sl), ln, true
 	w.count++
 }
 
@@ -125,12 +145,12 @@ func (w *wheel) unlink(e *entry) {
 	if e.prev != nil {
 		e.prev.next = e.next
 	} else {
-		b.head = e.next
+		b.lanes[e.lane] = e.next
 	}
 	if e.next != nil {
 		e.next.prev = e.prev
 	}
-	if b.head == nil {
+	if e.prev == nil && e.next == nil && b.empty() {
 		w.occupied[e.level] &^= 1 << e.slot
 	}
 	e.next, e.prev, e.linked = nil, nil, false
@@ -153,7 +173,7 @@ func (w *wheel) nextDue() int64 {
 // live reports whether a heap node still stands for a non-empty bucket due at its start.
 func (w *wheel) live(n heapNode) bool {
 	b := &w.buckets[n.level][n.slot]
-	return b.head != nil && b.queued && b.start == n.start
+	return b.queued && b.start == n.start && !b.empty()
 }
 
 // popNode removes the heap's top node; if it was its bucket's node, the bucket is no longer queued.
@@ -186,26 +206,50 @@ func (w *wheel) advance(now int64, expire func(e *entry)) {
 		}
 		b := &w.buckets[n.level][n.slot]
 		w.elapsed = n.start
-		list := b.head
-		b.head = nil
+		cur := b.lanes
+		b.lanes = [laneCount]*entry{}
 		w.occupied[n.level] &^= 1 << n.slot
-		for e := list; e != nil; {
-			next := e.next
-			e.next, e.prev, e.linked = nil, nil, false
-			w.count--
-			expire(e)
-			e = next
-		}
+		w.takeLanes(&cur, expire)
 	}
 	w.elapsed = now
+}
+
+// takeLanes hands every entry of the lists in cur to expire, unlinked. It steps all lanes
+// together: first the next pointers of every lane's current entry are loaded (independent
+// loads, so their cache misses overlap), then the entries, now cached, are expired one by one.
+// expire may link an entry into another bucket; next was read before, so the walk is unaffected.
+func (w *wheel) takeLanes(cur *[laneCount]*entry, expire func(e *entry)) {
+	for {
+		var nx [laneCount]*entry
+		live := false
+		for i, e := range cur {
+			if e != nil {
+				nx[i] = e.next
+				live = true
+			}
+		}
+		if !live {
+			return
+		}
+		for _, e := range cur {
+			if e != nil {
+				e.next, e.prev, e.linked = nil, nil, false
+				w.count--
+				expire(e)
+			}
+		}
+		*cur = nx
+	}
 }
 
 // forEach calls fn for every linked entry. Used by Wheel.Stop and tests.
 func (w *wheel) forEach(fn func(e *entry)) {
 	for lv := range w.buckets {
 		for sl := range w.buckets[lv] {
-			for e := w.buckets[lv][sl].head; e != nil; e = e.next {
-				fn(e)
+			for _, h := range w.buckets[lv][sl].lanes {
+				for e := h; e != nil; e = e.next {
+					fn(e)
+				}
 			}
 		}
 	}
@@ -220,10 +264,10 @@ func (w *wheel) verify() error {
 		for sl := range w.buckets[lv] {
 			b := &w.buckets[lv][sl]
 			bit := w.occupied[lv]&(1<<uint(sl)) != 0
-			if bit != (b.head != nil) {
-				return fmt.Errorf("level %d slot %d: bitmap bit %v, bucket non-empty %v", lv, sl, bit, b.head != nil)
+			if bit != !b.empty() {
+				return fmt.Errorf("level %d slot %d: bitmap bit %v, bucket non-empty %v", lv, sl, bit, !b.empty())
 			}
-			if b.head == nil {
+			if b.empty() {
 				continue
 			}
 			if !b.queued {
@@ -237,16 +281,18 @@ func (w *wheel) verify() error {
 			if !maps {
 				return fmt.Errorf("level %d slot %d: start %d does not map here from elapsed %d", lv, sl, b.start, w.elapsed)
 			}
-			var prev *entry
-			for e := b.head; e != nil; e = e.next {
-				if !e.linked || int(e.level) != lv || int(e.slot) != sl || e.prev != prev {
-					return fmt.Errorf("level %d slot %d: entry links or position wrong", lv, sl)
+			for ln, h := range b.lanes {
+				var prev *entry
+				for e := h; e != nil; e = e.next {
+					if !e.linked || int(e.level) != lv || int(e.slot) != sl || int(e.lane) != ln || e.prev != prev {
+						return fmt.Errorf("level %d slot %d lane %d: entry links or position wrong", lv, sl, ln)
+					}
+					if lv == overflowLv && bucketStart(e.when.Load(), lv) < b.start {
+						return fmt.Errorf("overflow: entry due %d parked past its era start %d", e.when.Load(), b.start)
+					}
+					prev = e
+					n++
 				}
-				if lv == overflowLv && bucketStart(e.when.Load(), lv) < b.start {
-					return fmt.Errorf("overflow: entry due %d parked past its era start %d", e.when.Load(), b.start)
-				}
-				prev = e
-				n++
 			}
 		}
 	}

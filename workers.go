@@ -113,6 +113,11 @@ func (p *pool) firedTotal() uint64 {
 
 // runChunk runs the entries of a chunk, counting fires in fired, and returns the chunk to its pool.
 func (w *Wheel) runChunk(c *chunk, fired *paddedCounter) {
+	// The entries were last written by the advancer on another core. Loading every state word
+	// first lets those cache misses overlap; runEntry then finds the lines here.
+	for _, e := range c.es[:c.n] {
+		_ = e.state.Load()
+	}
 	for i, e := range c.es[:c.n] {
 		w.runEntry(e, fired)
 		c.es[i] = nil
