@@ -5,6 +5,7 @@ go 1.25.0
 replace github.com/shardwheel/shardwheel => ../
 
 require (
+	github.com/puzpuzpuz/xsync/v3 v3.5.1
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/shardwheel/shardwheel v0.0.0-00010101000000-000000000000
 	github.com/zeromicro/go-zero v1.10.3
@@ -23,7 +24,6 @@ require (
 	github.com/mattn/go-colorable v0.1.13 // indirect
 	github.com/mattn/go-isatty v0.0.22 // indirect
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
-	github.com/puzpuzpuz/xsync/v3 v3.5.1 // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
 	github.com/spaolacci/murmur3 v1.1.0 // indirect
 	go.opentelemetry.io/otel v1.40.0 // indirect
