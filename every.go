@@ -34,7 +34,7 @@ func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 		return Timer{}, fmt.Errorf("shardwheel: Every(%v): interval must be positive", durationArg(interval))
 	}
 	s := w.pickShard()
-	return w.schedule(s, interval, nil, &every{f: f, interval: interval, s: s}, true)
+	return w.schedule(s, interval, nil, &every{f: f, interval: interval, s: s})
 }
 
 // runPeriodic runs one run of an Every; the worker has moved the entry from firing to running.
@@ -42,7 +42,8 @@ func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 // the run (running -> stopped, counted as stopped) keeps Scheduled == Fired + Stopped + Pending.
 // After f it re-arms the entry (running -> pending) with the same gen, so the Timer stays valid,
 // unless a Stop came first; then it frees the entry, which nothing else refers to.
-func (w *Wheel) runPeriodic(e *entry, fired *paddedCounter) {
+func (w *Wheel) runPeriodic(r ref, fired *paddedCounter) {
+	e := r.e
 	ev := e.arg.(*every)
 	fired.n.Inc()
 	ev.s.scheduled.Inc()
@@ -56,14 +57,14 @@ func (w *Wheel) runPeriodic(e *entry, fired *paddedCounter) {
 		if dropFrom(e, stRunning) { // else a Stop during this run got it first and counted it
 			w.noteDropped(1)
 		}
-		freeEntry(e)
+		r.s.slab.freeEntry(r.i, e)
 		return
 	}
 	var gen uint64
 	for {
 		s := e.state.Load()
 		if isState(s, stStopped) {
-			freeEntry(e)
+			r.s.slab.freeEntry(r.i, e)
 			return
 		}
 		e.when.Store(when)
@@ -72,7 +73,7 @@ func (w *Wheel) runPeriodic(e *entry, fired *paddedCounter) {
 			break
 		}
 	}
-	if ok, _ := ev.s.send(e, gen, opAdd); !ok {
+	if ok, _ := ev.s.send(r.i, gen, opAdd); !ok {
 		// Wheel.Stop closed the ring during the run: the next run will never happen. A Reset
 		// may hold the entry meanwhile; dropFrom waits for it rather than lose the count.
 		if dropFrom(e, stPending) {

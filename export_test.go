@@ -24,7 +24,8 @@ var (
 // Layout facts pinned by tests.
 var (
 	EntrySize      = unsafe.Sizeof(entry{})
-	ShardHotSize   = unsafe.Offsetof(shard{}.mu)
+	ShardSlabAt    = unsafe.Offsetof(shard{}.slab)
+	ShardOwnerAt   = unsafe.Offsetof(shard{}.mu)
 	ShardHotFields = unsafe.Sizeof(ring{}) + unsafe.Sizeof(shard{}.next) + unsafe.Sizeof(shard{}.scheduled) + unsafe.Sizeof(shard{}.stopped)
 	CacheLineSize  = uintptr(cacheLineSize)
 )
@@ -33,7 +34,8 @@ var (
 // Expiry fires an entry whose deadline is due and re-inserts the others, like shard.expire.
 type TestWheel struct {
 	w       wheel
-	entries map[int]*entry
+	sl      slab
+	entries map[int]uint32 // id -> slab index
 	Fired   []Firing
 }
 
@@ -45,39 +47,47 @@ type Firing struct {
 }
 
 func NewTestWheel(elapsed int64) *TestWheel {
-	return &TestWheel{w: wheel{elapsed: elapsed}, entries: map[int]*entry{}}
+	t := &TestWheel{w: wheel{elapsed: elapsed}, entries: map[int]uint32{}}
+	t.w.slab = &t.sl
+	return t
 }
 
 func (t *TestWheel) Insert(id int, when int64) {
-	e := &entry{arg: id}
+	i, e := t.sl.alloc()
+	e.arg = id
 	e.when.Store(when)
-	t.entries[id] = e
-	t.w.insert(e, when)
+	t.entries[id] = i
+	t.w.insert(i, e, when)
 }
 
 // Move changes an entry's deadline and re-links it, as a Reset command does.
 func (t *TestWheel) Move(id int, when int64) {
-	e := t.entries[id]
+	i := t.entries[id]
+	e := t.sl.at(i)
 	e.when.Store(when)
 	t.w.unlink(e)
-	t.w.insert(e, when)
+	t.w.insert(i, e, when)
 }
 
 func (t *TestWheel) Unlink(id int) {
-	t.w.unlink(t.entries[id])
+	i := t.entries[id]
+	e := t.sl.at(i)
+	t.w.unlink(e)
+	t.sl.freeEntry(i, e)
 	delete(t.entries, id)
 }
 
 func (t *TestWheel) Advance(now int64) {
-	t.w.advance(now, func(e *entry) {
+	t.w.advance(now, func(i uint32, e *entry) {
 		when := e.when.Load()
 		if when > t.w.elapsed {
-			t.w.insert(e, when)
+			t.w.insert(i, e, when)
 			return
 		}
 		id := e.arg.(int)
 		t.Fired = append(t.Fired, Firing{ID: id, When: when, At: t.w.elapsed})
 		delete(t.entries, id)
+		t.sl.freeEntry(i, e)
 	})
 }
 
@@ -87,8 +97,14 @@ func (t *TestWheel) Len() int              { return t.w.count }
 func (t *TestWheel) Occupied(l int) uint64 { return t.w.occupied[l] }
 func (t *TestWheel) Verify() error         { return t.w.verify() }
 
-// Level reports the level an entry is linked at.
-func (t *TestWheel) Level(id int) int { return int(t.entries[id].level) }
+// Level reports the level an entry is linked at, or -1 if it is not linked.
+func (t *TestWheel) Level(id int) int {
+	lv, _, _, ok := t.w.position(t.sl.at(t.entries[id]))
+	if !ok {
+		return -1
+	}
+	return lv
+}
 
 // Verify locks every shard and checks its wheel; the tests call it on quiet wheels.
 func (w *Wheel) Verify() error {
@@ -101,4 +117,15 @@ func (w *Wheel) Verify() error {
 		}
 	}
 	return nil
+}
+
+// SlabCapacity returns how many entries the shards' slabs hold, free or in use.
+func (w *Wheel) SlabCapacity() int {
+	n := 0
+	for _, s := range w.shards {
+		if p := s.slab.chunks.Load(); p != nil {
+			n += len(*p) * slabChunkLen
+		}
+	}
+	return n
 }

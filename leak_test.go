@@ -146,3 +146,42 @@ func leakSetUp(t *testing.T, manual bool, clock *sw.ManualClock) map[string]func
 	require.Equal(t, 2, w.Stop())
 	return alive
 }
+
+// TestLeakSlabReusedAcrossBursts: the slab keeps its high-water mark and nothing more. Bursts of
+// timers that fire, and bursts that are stopped, reuse the entries of the first burst: the slabs
+// do not grow after it.
+func TestLeakSlabReusedAcrossBursts(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	// WithWorkers(0): callbacks run inside Advance, so every entry is back in its slab when
+	// Advance returns.
+	w, err := sw.New(sw.WithClock(clock), sw.WithShards(2), sw.WithWorkers(0))
+	require.NoError(t, err)
+	defer w.Stop()
+	const burst = 5000
+	fired := 0
+	f := func(any) { fired++ }
+	hs := make([]sw.Timer, burst)
+	high := 0
+	for round := 0; round < 6; round++ {
+		for i := range hs {
+			hs[i], err = w.AfterFuncArg(time.Duration(1+i%50)*time.Millisecond, f, nil)
+			require.NoError(t, err)
+		}
+		if round%2 == 0 {
+			clock.Advance(time.Second)
+			require.Equal(t, burst*(round/2+1), fired)
+		} else {
+			for _, h := range hs {
+				require.True(t, h.Stop())
+			}
+			clock.Advance(time.Second) // the advance drains the rings: the stopped entries are freed
+			require.Equal(t, burst*(round/2+1), fired, "a stopped timer fired")
+		}
+		require.Equal(t, 0, w.Len())
+		if round == 0 {
+			high = w.SlabCapacity()
+			require.GreaterOrEqual(t, high, burst)
+		}
+		require.Equal(t, high, w.SlabCapacity(), "round %d: the slabs grew instead of reusing entries", round)
+	}
+}

@@ -1,43 +1,193 @@
 package shardwheel
 
-import "sync"
+import (
+	"fmt"
+	"sync"
 
-// Entries are pooled in a sync.Pool: per-P caches with no lock on the fast path, so taking and
-// returning an entry costs no shared cache line, and AfterFuncArg + Stop allocate nothing in
-// steady state. Who returns an entry to the pool:
+	"go.uber.org/atomic"
+)
+
+// Entries live in a per-shard slab: chunks of slabChunkLen entries that are never freed while the
+// shard lives, addressed by a 32-bit index. The index is what lets an entry be 48 bytes: with two
+// 8-byte pointer links it needs 56, which a heap object rounds up to the 64-byte size class. The
+// wheel links entries by index (wheel.go). A chunk is one 48 KiB object whose only pointers are
+// each entry's callback and argument: the garbage collector scans chunks and follows no links.
+//
+// Free entries form a lock-free stack (Treiber's) per shard. Its head packs a 32-bit tag, bumped
+// by every push and pop so that a CAS can never succeed on a head that was popped and pushed
+// back meanwhile (ABA), and the index of the top entry (0: empty). A free entry's link to the
+// next free one is kept in its when field, which is atomic, so a pop that loses the race and
+// reads the link of an entry someone else has just armed reads it atomically and then fails its
+// CAS. Who frees an entry:
 //   - the shard, when it takes the cancel command of a timer stopped while pending;
-//   - the worker, just before a one-shot callback starts, or after a stopped periodic one;
-//   - the worker, for a timer stopped while it waited in the worker queue.
+//   - the worker, for a one-shot callback it is about to start, or a timer stopped while it
+//     waited in the worker queue (both collected in a freeBatch and returned after the chunk),
+//     and after a stopped periodic run.
 //
 // Each is the single owner of the entry at that moment (timer.go's table), so an entry is never
-// returned twice. An entry's gen survives the pool: newEntry bumps it, which makes every Timer
-// that still points at the entry stale.
-var entryPool = sync.Pool{New: func() any { return new(entry) }}
+// freed twice. An entry's gen survives freeing: arming bumps it, which makes every Timer that
+// still names the entry stale.
+//
+// The slab keeps its high-water mark: after a burst of a million pending timers the shard keeps
+// their entries for the next burst, as a free list, and AfterFuncArg + Stop allocate nothing.
+const (
+	slabChunkBits = 10
+	slabChunkLen  = 1 << slabChunkBits
+	slabChunkMask = slabChunkLen - 1
 
-// newEntry takes an entry from the pool and arms it (gen+1, pending). The caller owns it until it
-// publishes it with an add command.
-func newEntry() (*entry, uint64) {
-	e := entryPool.Get().(*entry)
+	// maxEntries bounds a shard's slab: link values with the top bit set name bucket lanes
+	// (wheel.go), and index 0 means none.
+	maxEntries = 1 << 31
+)
+
+type slabChunk [slabChunkLen]entry
+
+type slab struct {
+	free   atomic.Uint64                // tag<<32 | index of the top free entry
+	chunks atomic.Pointer[[]*slabChunk] // chunk c holds indices c<<slabChunkBits ...; grows only
+	growMu sync.Mutex                   // serialises grow
+}
+
+// at returns the entry with index i (i != 0, handed out by alloc). Any goroutine may call it.
+// The chunk table is replaced, never modified below its length, so a stale table is still right.
+func (sl *slab) at(i uint32) *entry {
+	return &(*sl.chunks.Load())[i>>slabChunkBits][i&slabChunkMask]
+}
+
+// alloc pops a free entry, growing the slab when none is free. The caller owns the entry.
+func (sl *slab) alloc() (uint32, *entry) {
+	for {
+		h := sl.free.Load()
+		i := uint32(h)
+		if i == 0 {
+			if i, e := sl.grow(); e != nil {
+				return i, e
+			}
+			continue // another goroutine grew the slab meanwhile
+		}
+		e := sl.at(i)
+		next := uint32(e.when.Load())
+		if sl.free.CompareAndSwap(h, (h>>32+1)<<32|uint64(next)) {
+			return i, e
+		}
+	}
+}
+
+// freeList pushes a list of free entries, first to last, linked through their when fields; last's
+// link is set here. The caller owns them all until this returns.
+func (sl *slab) freeList(first uint32, last *entry) {
+	for {
+		h := sl.free.Load()
+		last.when.Store(int64(uint32(h)))
+		if sl.free.CompareAndSwap(h, (h>>32+1)<<32|uint64(first)) {
+			return
+		}
+	}
+}
+
+// grow adds a chunk, pushes all of its entries but one and returns that one; or returns a nil
+// entry if the free stack is no longer empty (another goroutine grew the slab).
+func (sl *slab) grow() (uint32, *entry) {
+	sl.growMu.Lock()
+	defer sl.growMu.Unlock()
+	if uint32(sl.free.Load()) != 0 {
+		return 0, nil
+	}
+	var cur []*slabChunk
+	if p := sl.chunks.Load(); p != nil {
+		cur = *p
+	}
+	n := uint32(len(cur))
+	if uint64(n+1)<<slabChunkBits > maxEntries {
+		panic(fmt.Sprintf("shardwheel: a shard's slab is full: %d entries", uint64(n)<<slabChunkBits))
+	}
+	c := new(slabChunk)
+	// append may write past the old slice's length in its backing array; readers holding the
+	// old table never index past their length, so they are unaffected.
+	next := append(cur, c)
+	sl.chunks.Store(&next)
+	base := n << slabChunkBits
+	first := base
+	if first == 0 {
+		first = 1 // index 0 means none; the first entry of the first chunk stays unused
+	}
+	for i := first + 1; i < base+slabChunkLen-1; i++ {
+		c[i&slabChunkMask].when.Store(int64(i + 1))
+	}
+	if first+1 < base+slabChunkLen {
+		sl.freeList(first+1, &c[slabChunkLen-1])
+	}
+	return first, &c[first&slabChunkMask]
+}
+
+// newEntry takes an entry from the shard's slab and arms it (gen+1, pending). The caller owns it
+// until it publishes it with an add command.
+func (sl *slab) newEntry() (uint32, *entry, uint64) {
+	i, e := sl.alloc()
 	w := nextArming(e.state.Load())
 	e.state.Store(w)
-	return e, genOf(w)
+	return i, e, genOf(w)
 }
 
 // freeEntry clears an unlinked entry (so that it keeps no callback or argument alive) and returns
-// it to the pool. The caller must be its single owner.
-func freeEntry(e *entry) {
-	e.f, e.arg, e.periodic = nil, nil, false
-	e.state.Store(withState(e.state.Load(), stFree))
-	entryPool.Put(e)
+// it to its slab. The caller must be its single owner.
+func (sl *slab) freeEntry(i uint32, e *entry) {
+	clearEntry(e)
+	sl.freeList(i, e)
+}
+
+// clearEntry drops an entry's callback, ready for freeList. Its state word stays as it is (free
+// after a one-shot run, stopped after a Stop): either way it tells a handle of this arming that
+// the timer is over, and the next arming replaces it with a new gen.
+func clearEntry(e *entry) {
+	e.f, e.arg = nil, nil
+}
+
+// freeBatch collects entries freed by one goroutine so that they return to their slab with one
+// CAS. It is plain data owned by its goroutine.
+type freeBatch struct {
+	sl    *slab
+	first uint32 // the most recently added entry: the head of the list
+	last  *entry // the first added: the tail, whose link flush sets
+}
+
+// add clears e and queues it; a batch for another slab is flushed first.
+func (b *freeBatch) add(sl *slab, i uint32, e *entry) {
+	clearEntry(e)
+	if b.sl != sl {
+		b.flush()
+		b.sl = sl
+	}
+	if b.last == nil {
+		b.last = e
+	} else {
+		e.when.Store(int64(b.first))
+	}
+	b.first = i
+}
+
+// flush returns the queued entries to their slab.
+func (b *freeBatch) flush() {
+	if b.last != nil {
+		b.sl.freeList(b.first, b.last)
+	}
+	*b = freeBatch{}
 }
 
 // maxChunk is the most callbacks that travel to a worker together.
 const maxChunk = 64
 
-// chunk carries expired entries to a worker in one channel operation. Chunks are pooled too.
+// ref names a fired entry on its way to a worker: its shard (whose slab gets it back) and index.
+type ref struct {
+	s *shard
+	e *entry
+	i uint32
+}
+
+// chunk carries expired entries to a worker in one channel operation. Chunks are pooled.
 type chunk struct {
 	n  int
-	es [maxChunk]*entry
+	es [maxChunk]ref
 }
 
 var chunkPool = sync.Pool{New: func() any { return new(chunk) }}

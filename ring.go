@@ -24,7 +24,7 @@ const ringClosed = uint64(1) << 63
 //   - each slot's seq: atomic; it tells whose turn the slot is. seq == pos: free for the producer
 //     that claims position pos. seq == pos+1: published, for the consumer. The consumer sets it
 //     to pos+len(slots) when it empties the slot, handing it to the producer one lap later.
-//   - each slot's e and cmd: written by the producer that claimed the slot, before it stores
+//   - each slot's i and cmd: written by the producer that claimed the slot, before it stores
 //     seq (publication); read by the consumer after it loads seq. The seq store/load pair orders
 //     them, so they need no atomics of their own.
 //   - head: the consumer's position, kept by the shard (shard.head) and passed to pop; owned by
@@ -44,8 +44,8 @@ type ring struct {
 
 type ringSlot struct {
 	seq atomic.Uint64
-	e   *entry
 	cmd uint64
+	i   uint32 // the entry's slab index
 }
 
 type pushResult int
@@ -70,7 +70,7 @@ func (r *ring) init(size int) {
 }
 
 // push appends a command. Any goroutine may call it. It never blocks.
-func (r *ring) push(e *entry, cmd uint64) pushResult {
+func (r *ring) push(i uint32, cmd uint64) pushResult {
 	ok := ringOK
 	for {
 		t := r.tail.Load()
@@ -82,7 +82,7 @@ func (r *ring) push(e *entry, cmd uint64) pushResult {
 		switch {
 		case seq == t:
 			if r.tail.CompareAndSwap(t, t+1) {
-				s.e, s.cmd = e, cmd
+				s.i, s.cmd = i, cmd
 				s.seq.Store(t + 1) // publish
 				return ok
 			}
@@ -97,20 +97,19 @@ func (r *ring) push(e *entry, cmd uint64) pushResult {
 }
 
 // pop takes the oldest command if it is published, and advances *head past it. Consumer only.
-func (r *ring) pop(head *uint64) (*entry, uint64, bool) {
+func (r *ring) pop(head *uint64) (uint32, uint64, bool) {
 	h := *head
 	s := &r.slots[h&r.mask]
 	if s.seq.Load() != h+1 {
 		// Empty, or the producer that claimed head has not published yet. That producer
 		// publishes and then notes its deadline (shard.noteDeadline), so leaving its command for
 		// the next drain loses no wake-up.
-		return nil, 0, false
+		return 0, 0, false
 	}
-	e, cmd := s.e, s.cmd
-	s.e = nil
+	i, cmd := s.i, s.cmd
 	s.seq.Store(h + r.mask + 1)
 	*head = h + 1
-	return e, cmd, true
+	return i, cmd, true
 }
 
 // close stops further pushes and returns the final tail: every position below it was claimed by

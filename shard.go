@@ -32,11 +32,17 @@ type shard struct {
 	stopped   atomic.Uint64                                     // Timer.Stop calls that reported true for timers of this shard
 	_         [cacheLineSize - unsafe.Sizeof(ring{}) - 3*8]byte // the sum is pinned by a test
 
+	// The second line is the slab's: its free stack is popped by producers and pushed by
+	// whoever frees (the holder of mu, workers). Apart from both other lines.
+	slab slab
+	_    [cacheLineSize - unsafe.Sizeof(slab{})]byte
+
 	mu       sync.Mutex
-	head     uint64       // the ring's consumer position; owned by the holder of mu
-	tw       wheel        // owned by the holder of mu
-	w        *Wheel       // immutable
-	expireFn func(*entry) // s.expire, made once so that advance allocates nothing
+	head     uint64               // the ring's consumer position; owned by the holder of mu
+	tw       wheel                // owned by the holder of mu
+	w        *Wheel               // immutable
+	expireFn func(uint32, *entry) // s.expire, made once so that advance allocates nothing
+	freed    freeBatch            // entries freed by the current drain; owned by the holder of mu
 
 	// Shards are allocated one by one; this keeps the owner's fields above off the cache line
 	// of whatever the allocator puts next, which may be another shard's producer line.
@@ -48,6 +54,7 @@ func (s *shard) init(w *Wheel, ringSize int) {
 	s.ring.init(ringSize)
 	s.next.Store(never)
 	s.tw.elapsed = w.tickAt(w.nanos())
+	s.tw.slab = &s.slab
 	s.expireFn = s.expire
 }
 
@@ -57,10 +64,10 @@ func (s *shard) init(w *Wheel, ringSize int) {
 // consumer for a moment: it takes mu and drains the ring into the wheel, then tries again. It never spins: it
 // either sleeps on mu, drains something, or yields to the one producer whose command blocks the
 // head of the ring (claimed, not yet published).
-func (s *shard) send(e *entry, gen uint64, op uint64) (ok, contended bool) {
+func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 	cmd := gen<<opBits | op
 	for {
-		switch s.ring.push(e, cmd) {
+		switch s.ring.push(i, cmd) {
 		case ringOK:
 			return true, contended
 		case ringOKContended:
@@ -106,21 +113,23 @@ func (s *shard) noteDeadline(when int64) {
 }
 
 // drainLocked applies every published command in the ring to the wheel and reports whether it
-// took any. The caller holds s.mu.
+// took any. The caller holds s.mu. The entries that cancels free go back to the slab together.
 func (s *shard) drainLocked() bool {
 	took := false
 	for {
-		e, cmd, ok := s.ring.pop(&s.head)
+		i, cmd, ok := s.ring.pop(&s.head)
 		if !ok {
+			s.freed.flush()
 			return took
 		}
 		took = true
-		s.applyLocked(e, cmd)
+		s.applyLocked(i, cmd)
 	}
 }
 
 // applyLocked carries out one command. The caller holds s.mu.
-func (s *shard) applyLocked(e *entry, cmd uint64) {
+func (s *shard) applyLocked(i uint32, cmd uint64) {
+	e := s.slab.at(i)
 	gen := cmd >> opBits
 	switch cmd & opMask {
 	case opAdd:
@@ -129,21 +138,21 @@ func (s *shard) applyLocked(e *entry, cmd uint64) {
 		// A Reset may hold the entry (resetting): link it at either deadline; its reset
 		// command follows this one and moves it.
 		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isState(w, stResetting)) {
-			s.tw.insert(e, e.when.Load())
+			s.tw.insert(i, e, e.when.Load())
 		}
 	case opCancel:
 		// Sent once, by the Stop that moved the entry from pending to stopped; only this
 		// command frees such an entry, so it is still ours here.
-		if e.linked {
+		if e.linked() {
 			s.tw.unlink(e)
 		}
-		freeEntry(e)
+		s.freed.add(&s.slab, i, e)
 	case opReset:
 		// Stale if the entry fired and was reused since (another gen: not ours to touch), or
 		// fired, or is between the runs of an Every (not linked; its add follows).
-		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isState(w, stResetting)) && e.linked {
+		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isState(w, stResetting)) && e.linked() {
 			s.tw.unlink(e)
-			s.tw.insert(e, e.when.Load())
+			s.tw.insert(i, e, e.when.Load())
 		}
 	}
 }
@@ -154,13 +163,13 @@ func (s *shard) applyLocked(e *entry, cmd uint64) {
 // It reads the state word, then the deadline, then CASes the word it read: if a Reset stored a
 // later deadline in between, that Reset also bumped the version, the CAS fails and the loop
 // re-reads the new deadline (timer.go). So an entry fires only on a deadline that is due.
-func (s *shard) expire(e *entry) {
+func (s *shard) expire(i uint32, e *entry) {
 	for {
 		w := e.state.Load()
 		if isState(w, stResetting) {
 			// A Reset holds the entry: keep it linked, past this advance (so a stalled Reset
 			// costs one visit per advance, not one per tick); the Reset's command moves it.
-			s.tw.insert(e, s.tw.target+1)
+			s.tw.insert(i, e, s.tw.target+1)
 			return
 		}
 		if !isState(w, stPending) {
@@ -168,11 +177,11 @@ func (s *shard) expire(e *entry) {
 		}
 		when := e.when.Load()
 		if when > s.tw.elapsed {
-			s.tw.insert(e, when) // cascade: a lower level, or later after a Reset
+			s.tw.insert(i, e, when) // cascade: a lower level, or later after a Reset
 			return
 		}
 		if e.state.CompareAndSwap(w, withState(w, stFiring)) {
-			s.w.batch = append(s.w.batch, e)
+			s.w.batch = append(s.w.batch, ref{s: s, e: e, i: i})
 			return
 		}
 	}

@@ -208,7 +208,8 @@ func TestWheelBitmapMatchesSlots(t *testing.T) {
 
 // TestLayout pins the sizes that the memory and false-sharing claims rest on.
 func TestLayout(t *testing.T) {
-	require.Equal(t, uintptr(64), sw.EntrySize, "an entry must stay one 64-byte size class")
+	require.Equal(t, uintptr(48), sw.EntrySize, "an entry must stay 48 bytes: the memory per pending timer rests on it")
 	require.Equal(t, sw.CacheLineSize, sw.ShardHotFields, "the producers' fields fill exactly one line")
-	require.Equal(t, sw.CacheLineSize, sw.ShardHotSize, "the owner's fields start on the next line")
+	require.Equal(t, sw.CacheLineSize, sw.ShardSlabAt, "the slab's free stack starts on the next line")
+	require.Equal(t, 2*sw.CacheLineSize, sw.ShardOwnerAt, "the owner's fields start on the line after it")
 }

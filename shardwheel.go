@@ -65,7 +65,7 @@ type Wheel struct {
 	// The advancer: the clock goroutine, or the caller of ManualClock.Advance holding advMu.
 	advMu    sync.Mutex   // serialises manual advances with each other and with Stop
 	advancer atomic.Int64 // goroutine id of the advancer while it runs (for Stop from a callback)
-	batch    []*entry     // entries fired in the current round; owned by the advancer
+	batch    []ref        // entries fired in the current round; owned by the advancer
 	// stopDeferred: Stop ran inside a callback on the advancer, which must finish the shutdown.
 	// Written and read only on the advancer's goroutine.
 	stopDeferred bool
@@ -138,7 +138,7 @@ func (w *Wheel) AfterFunc(d time.Duration, f func()) (Timer, error) {
 	if f == nil {
 		return w.reject(ErrNilFunc)
 	}
-	return w.schedule(nil, d, callFunc, f, false)
+	return w.schedule(nil, d, callFunc, f)
 }
 
 // callFunc runs a func() stored as the argument: func values are pointer-shaped, so storing one
@@ -152,7 +152,7 @@ func (w *Wheel) AfterFuncArg(d time.Duration, f func(arg any), arg any) (Timer, 
 	if f == nil {
 		return w.reject(ErrNilFunc)
 	}
-	return w.schedule(nil, d, f, arg, false)
+	return w.schedule(nil, d, f, arg)
 }
 
 func (w *Wheel) reject(err error) (Timer, error) {
@@ -164,7 +164,7 @@ func (w *Wheel) reject(err error) (Timer, error) {
 // take an entry from the pool (arming bumps its gen), fill it, read the clock, publish the add
 // command (the ring orders the plain writes before it), count it, and note its deadline so that
 // the clock goroutine wakes if it is the earliest.
-func (w *Wheel) schedule(s *shard, d time.Duration, f func(any), arg any, periodic bool) (Timer, error) {
+func (w *Wheel) schedule(s *shard, d time.Duration, f func(any), arg any) (Timer, error) {
 	if w.closed.Load() {
 		return w.reject(ErrClosed)
 	}
@@ -175,11 +175,11 @@ func (w *Wheel) schedule(s *shard, d time.Duration, f func(any), arg any, period
 	if s == nil {
 		tok, s = w.takeShard()
 	}
-	e, gen := newEntry()
-	e.f, e.arg, e.periodic = f, arg, periodic
+	i, e, gen := s.slab.newEntry()
+	e.f, e.arg = f, arg
 	when := w.deadline(d)
 	e.when.Store(when)
-	ok, contended := s.send(e, gen, opAdd)
+	ok, contended := s.send(i, gen, opAdd)
 	if tok != nil {
 		if contended {
 			tok.n++ // another P uses this shard too: the loser of the race moves on
@@ -188,13 +188,13 @@ func (w *Wheel) schedule(s *shard, d time.Duration, f func(any), arg any, period
 	}
 	if !ok {
 		// Stop closed the ring after the check above: not accepted.
-		freeEntry(e)
+		s.slab.freeEntry(i, e)
 		w.releasePending(1)
 		return w.reject(ErrClosed)
 	}
 	s.scheduled.Inc()
 	s.noteDeadline(when)
-	return Timer{e: e, s: s, gen: gen}, nil
+	return Timer{s: s, i: i, gen: gen}, nil
 }
 
 // reservePending takes one unit of WithMaxPending, if set.

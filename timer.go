@@ -12,10 +12,10 @@ import (
 //
 //	bits  0..2   state    (free, pending, firing, running, stopped, dropped, resetting)
 //	bits  3..23  version  bumped by every successful Reset (21 bits)
-//	bits 24..63  gen      bumped each time the entry is taken from the pool (40 bits)
+//	bits 24..63  gen      bumped each time the entry is taken from its slab (40 bits)
 //
 // A Timer remembers the gen it was armed with; any word with another gen belongs to a later
-// owner of the pooled entry, and the handle is inert. The version makes a Reset visible to the
+// owner of the entry, and the handle is inert. The version makes a Reset visible to the
 // shard's expiry CAS: the shard reads the word, then the deadline, then CASes the word it read,
 // so a Reset that stored a new deadline in between makes that CAS fail and the shard re-reads.
 // Reset first claims the entry (pending -> resetting): a handle that writes the deadline only
@@ -23,7 +23,8 @@ import (
 //
 // Transitions, and who may make them:
 //
-//	free    -> pending  the producer, on an entry it just took from the pool (plain store)
+//	free    -> pending  the producer, on an entry it just took from its slab (a store with the
+//	                    next gen; a freed entry is free, or still stopped if a Stop ended it)
 //	pending -> resetting  Timer.Reset claims the entry, stores the deadline,
 //	resetting -> pending  and releases it with version+1. Meanwhile Stop and Wheel.Stop wait
 //	                      (yield), the shard keeps the entry linked and unfired.
@@ -60,35 +61,42 @@ func withState(w, s uint64) uint64  { return w&^stateMask | s }
 func bumpVersion(w uint64) uint64   { return w&^versionMask | (w+versionOne)&versionMask }
 func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPending }
 
-// entry is one timer. Entries are pooled (pool.go) and reused; the gen in the state word tells
-// one use from the next.
+// entry is one timer. Entries live in their shard's slab (pool.go) and are reused; the gen in
+// the state word tells one use from the next.
 //
 // Ownership, field by field:
 //   - state: atomic; transitions as in the table above.
 //   - when: atomic; the deadline in ticks. Written by the producer before the entry is published
-//     and by Timer.Reset; read by the shard that holds the entry.
-//   - f, arg, periodic: written by the producer before the entry is published through the ring
-//     (the ring's sequence store orders them), read by the worker that runs it; immutable between.
-//   - next, prev, level, slot, lane, linked: owned by the shard goroutine (whoever holds shard.mu).
+//     and by Timer.Reset; read by the shard that holds the entry. While the entry is free it is
+//     the free stack's link instead (pool.go).
+//   - f, arg: written by the producer before the entry is published through the ring (the ring's
+//     sequence store orders them), read by the worker that runs it; immutable between. A
+//     periodic entry (Every) has f nil and an *every as arg.
+//   - next, prev: the entry's links in its bucket lane (wheel.go), by slab index; owned by the
+//     shard goroutine (whoever holds shard.mu). prev is 0 exactly when the entry is not linked.
 //
 // Invariant while linked: the entry's bucket starts at or before when, so the shard visits it
 // no later than its deadline. Reset keeps it: a Reset that lowers when sends a reset command
 // that moves the entry up; one that raises when sends none, and shard.expire re-inserts the
 // entry at its new deadline when the old bucket comes due.
 //
-// 64 bytes, one size class; never padded (millions of them).
+// 48 bytes, with no padding: a million pending timers are 48 MB of entries.
 type entry struct {
-	state    atomic.Uint64
-	when     atomic.Int64
-	next     *entry
-	prev     *entry
-	f        func(arg any)
-	arg      any
-	level    uint8
-	slot     uint8
-	lane     uint8
-	linked   bool
-	periodic bool
+	state atomic.Uint64
+	when  atomic.Int64
+	next  uint32
+	prev  uint32
+	f     func(arg any)
+	arg   any
+}
+
+// linked reports whether the entry is in a bucket. Owned by the holder of shard.mu.
+func (e *entry) linked() bool { return e.prev != 0 }
+
+// periodic reports whether the entry is an Every series. Immutable while the entry is armed.
+func (e *entry) periodic() bool {
+	_, ok := e.arg.(*every)
+	return ok
 }
 
 // A Timer is the handle of a scheduled callback. It is a small value: copy it, compare it, keep it
@@ -97,8 +105,8 @@ type entry struct {
 // A Timer stays valid after its callback ran or it was stopped, and then does nothing: the entry
 // behind it may serve another timer, and the generation it carries keeps it from touching that one.
 type Timer struct {
-	e   *entry
 	s   *shard
+	i   uint32 // the entry's index in s's slab
 	gen uint64
 }
 
@@ -111,10 +119,10 @@ type Timer struct {
 // Stop never blocks on the wheel: it is one CAS plus, for a timer still in the wheel, one command
 // in its shard's ring so that the entry is freed promptly.
 func (t Timer) Stop() bool {
-	e := t.e
-	if e == nil {
+	if t.s == nil {
 		return false
 	}
+	e := t.s.slab.at(t.i)
 	for {
 		w := e.state.Load()
 		if !isGen(w, t.gen) {
@@ -129,7 +137,7 @@ func (t Timer) Stop() bool {
 				// takes this command. If the ring was closed by Wheel.Stop, nobody needs it.
 				t.s.stopped.Inc()
 				t.s.w.releasePending(1)
-				t.s.send(e, t.gen, opCancel) // false: the ring was closed by Wheel.Stop; nothing to free
+				t.s.send(t.i, t.gen, opCancel) // false: the ring was closed by Wheel.Stop; nothing to free
 				return true
 			}
 		case stFiring, stRunning:
@@ -150,11 +158,11 @@ func (t Timer) Stop() bool {
 // firing, was stopped, or the handle is zero or stale, Reset does nothing and reports false.
 // d is read as in AfterFunc: never early, d <= 0 fires as soon as possible.
 func (t Timer) Reset(d time.Duration) bool {
-	e := t.e
-	if e == nil {
+	s := t.s
+	if s == nil {
 		return false
 	}
-	s := t.s
+	e := s.slab.at(t.i)
 	when := s.w.deadline(d)
 	for {
 		w := e.state.Load()
@@ -189,7 +197,7 @@ func (t Timer) Reset(d time.Duration) bool {
 	}
 	// 4. Earlier: tell the shard to move the entry up; a stale command (the timer fired
 	// meanwhile and the entry was reused) carries the old gen and is ignored.
-	s.send(e, t.gen, opReset)
+	s.send(t.i, t.gen, opReset)
 	s.noteDeadline(when)
 	return true
 }

@@ -26,6 +26,12 @@ import (
 // The wheel is plain data owned by one goroutine at a time (the holder of its shard's mutex):
 // no atomics and no locks here, except reading an entry's state and deadline through the
 // expire callback that the shard passes in.
+//
+// Entries are linked by their 32-bit slab index (pool.go), not by pointer. A link is one of:
+// 0 (none); an entry's index; or, only in the prev of a lane's first entry, a lane reference
+// (laneRef: the top bit set, then the level, slot and lane). So an entry needs no fields for
+// where it is linked: unlink finds the bucket through the lane reference when it removes a
+// lane's first entry, and needs none otherwise.
 const (
 	slotBits   = 6
 	numSlots   = 1 << slotBits
@@ -74,7 +80,7 @@ func bucketStart(when int64, level int) int64 {
 
 // bucket is one slot: laneCount intrusive doubly-linked lists of entries.
 type bucket struct {
-	lanes  [laneCount]*entry // the heads
+	lanes  [laneCount]uint32 // the index of each lane's first entry, 0 if empty
 	start  int64             // tick at which the bucket comes due; valid while the bucket is in the heap
 	queued bool              // the heap holds a node for this bucket (possibly stale if it emptied since)
 }
@@ -82,11 +88,25 @@ type bucket struct {
 // empty reports whether no lane holds an entry.
 func (b *bucket) empty() bool {
 	for _, h := range b.lanes {
-		if h != nil {
+		if h != 0 {
 			return false
 		}
 	}
 	return true
+}
+
+// laneBit marks a link that names a bucket lane rather than an entry.
+const laneBit = 1 << 31
+
+// laneRef is the link to lane ln of bucket (lv, sl), stored in the prev of the lane's first entry.
+func laneRef(lv, sl int, ln uint8) uint32 {
+	return laneBit | uint32(lv*numSlots+sl)<<laneBits | uint32(ln)
+}
+
+// laneOf decodes a laneRef.
+func laneOf(r uint32) (lv, sl int, ln uint8) {
+	b := int(r&^laneBit) >> laneBits
+	return b / numSlots, b % numSlots, uint8(r & laneMask)
 }
 
 // wheel is the hierarchical timing wheel of one shard. Owned by the holder of shard.mu.
@@ -98,12 +118,13 @@ type wheel struct {
 	occupied [numLevels + 1]uint64           // bit s of level l set iff buckets[l][s] is non-empty
 	buckets  [numLevels + 1][numSlots]bucket // level overflowLv uses slot 0 only
 	heap     bucketHeap
+	slab     *slab // where linked indices point; the shard's
 }
 
-// insert links e so that it comes due at tick when. A deadline at or before elapsed (a timer
-// that was due while its command waited in the ring) goes to the bucket of elapsed itself, which
-// the next advance takes first.
-func (w *wheel) insert(e *entry, when int64) {
+// insert links e, the entry with index i, so that it comes due at tick when. A deadline at or
+// before elapsed (a timer that was due while its command waited in the ring) goes to the bucket
+// of elapsed itself, which the next advance takes first.
+func (w *wheel) insert(i uint32, e *entry, when int64) {
 	if when < w.elapsed {
 		when = w.elapsed
 	}
@@ -128,32 +149,33 @@ func (w *wheel) insert(e *entry, when int64) {
 	ln := w.lane
 	w.lane = (ln + 1) & laneMask
 	head := b.lanes[ln]
-	e.prev = nil
+	e.prev = laneRef(lv, sl, ln)
 	e.next = head
-	if head != nil {
-		head.prev = e
+	if head != 0 {
+		w.slab.at(head).prev = i
 	}
-	b.lanes[ln] = e
-	e.level, e.slot, e.lane, e.linked = uint8(lv), uint8(sl), ln, true
+	b.lanes[ln] = i
 	w.count++
 }
 
 // unlink removes a linked entry from its bucket in O(1). The bucket's heap node stays and is
 // discarded when it reaches the top.
 func (w *wheel) unlink(e *entry) {
-	b := &w.buckets[e.level][e.slot]
-	if e.prev != nil {
-		e.prev.next = e.next
+	p, n := e.prev, e.next
+	if p&laneBit != 0 {
+		lv, sl, ln := laneOf(p)
+		b := &w.buckets[lv][sl]
+		b.lanes[ln] = n
+		if n == 0 && b.empty() {
+			w.occupied[lv] &^= 1 << uint(sl)
+		}
 	} else {
-		b.lanes[e.lane] = e.next
+		w.slab.at(p).next = n
 	}
-	if e.next != nil {
-		e.next.prev = e.prev
+	if n != 0 {
+		w.slab.at(n).prev = p
 	}
-	if e.prev == nil && e.next == nil && b.empty() {
-		w.occupied[e.level] &^= 1 << e.slot
-	}
-	e.next, e.prev, e.linked = nil, nil, false
+	e.next, e.prev = 0, 0
 	w.count--
 }
 
@@ -189,7 +211,7 @@ func (w *wheel) popNode() heapNode {
 // each of its entries to expire with elapsed set to the bucket's start. expire either fires the
 // entry or re-inserts it (it is then linked into a lower level, never into the bucket being
 // taken). Afterwards elapsed is now.
-func (w *wheel) advance(now int64, expire func(e *entry)) {
+func (w *wheel) advance(now int64, expire func(i uint32, e *entry)) {
 	if now < w.elapsed {
 		return // time never goes backwards; a stale reading is simply early
 	}
@@ -207,7 +229,7 @@ func (w *wheel) advance(now int64, expire func(e *entry)) {
 		b := &w.buckets[n.level][n.slot]
 		w.elapsed = n.start
 		cur := b.lanes
-		b.lanes = [laneCount]*entry{}
+		b.lanes = [laneCount]uint32{}
 		w.occupied[n.level] &^= 1 << n.slot
 		w.takeLanes(&cur, expire)
 	}
@@ -218,27 +240,33 @@ func (w *wheel) advance(now int64, expire func(e *entry)) {
 // together: first the next pointers of every lane's current entry are loaded (independent
 // loads, so their cache misses overlap), then the entries, now cached, are expired one by one.
 // expire may link an entry into another bucket; next was read before, so the walk is unaffected.
-func (w *wheel) takeLanes(cur *[laneCount]*entry, expire func(e *entry)) {
+func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry)) {
+	var (
+		ids [laneCount]uint32
+		es  [laneCount]*entry
+	)
 	for {
-		var nx [laneCount]*entry
+		ids = *cur
 		live := false
-		for i, e := range cur {
-			if e != nil {
-				nx[i] = e.next
+		for ln, i := range ids {
+			es[ln] = nil
+			if i != 0 {
+				e := w.slab.at(i)
+				es[ln] = e
+				cur[ln] = e.next
 				live = true
 			}
 		}
 		if !live {
 			return
 		}
-		for _, e := range cur {
+		for ln, e := range es {
 			if e != nil {
-				e.next, e.prev, e.linked = nil, nil, false
+				e.next, e.prev = 0, 0
 				w.count--
-				expire(e)
+				expire(ids[ln], e)
 			}
 		}
-		*cur = nx
 	}
 }
 
@@ -247,12 +275,26 @@ func (w *wheel) forEach(fn func(e *entry)) {
 	for lv := range w.buckets {
 		for sl := range w.buckets[lv] {
 			for _, h := range w.buckets[lv][sl].lanes {
-				for e := h; e != nil; e = e.next {
+				for i := h; i != 0; {
+					e := w.slab.at(i)
+					i = e.next
 					fn(e)
 				}
 			}
 		}
 	}
+}
+
+// position returns the bucket and lane an entry is linked in, by walking back to its lane's
+// reference. O(the entry's place in its lane): for tests and verify, never the hot path.
+func (w *wheel) position(e *entry) (lv, sl int, ln uint8, ok bool) {
+	for p := e.prev; p != 0; p = w.slab.at(p).prev {
+		if p&laneBit != 0 {
+			lv, sl, ln = laneOf(p)
+			return lv, sl, ln, true
+		}
+	}
+	return 0, 0, 0, false
 }
 
 // verify checks the wheel's invariants and returns the first violation: each bitmap bit matches
@@ -282,15 +324,16 @@ func (w *wheel) verify() error {
 				return fmt.Errorf("level %d slot %d: start %d does not map here from elapsed %d", lv, sl, b.start, w.elapsed)
 			}
 			for ln, h := range b.lanes {
-				var prev *entry
-				for e := h; e != nil; e = e.next {
-					if !e.linked || int(e.level) != lv || int(e.slot) != sl || int(e.lane) != ln || e.prev != prev {
-						return fmt.Errorf("level %d slot %d lane %d: entry links or position wrong", lv, sl, ln)
+				prev := laneRef(lv, sl, uint8(ln))
+				for i := h; i != 0; i = w.slab.at(i).next {
+					e := w.slab.at(i)
+					if i&laneBit != 0 || e.prev != prev {
+						return fmt.Errorf("level %d slot %d lane %d: entry links wrong", lv, sl, ln)
 					}
 					if lv == overflowLv && bucketStart(e.when.Load(), lv) < b.start {
 						return fmt.Errorf("overflow: entry due %d parked past its era start %d", e.when.Load(), b.start)
 					}
-					prev = e
+					prev = i
 					n++
 				}
 			}

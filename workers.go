@@ -75,12 +75,14 @@ func (w *Wheel) isWorker(g int64) bool {
 // dispatch hands a batch of firing entries to the workers, or runs them here with WithWorkers(0).
 // Only the advancer calls it, with no lock held. A batch is cut into chunks so that each worker
 // gets a share: one entry per chunk when few timers fire, up to chunkCap in a flood.
-func (w *Wheel) dispatch(batch []*entry) {
+func (w *Wheel) dispatch(batch []ref) {
 	fired := w.pool.otherFired()
 	if w.pool.queue == nil {
-		for _, e := range batch {
-			w.runEntry(e, fired)
+		var fb freeBatch
+		for _, r := range batch {
+			w.runEntry(r, fired, &fb)
 		}
+		fb.flush()
 		return
 	}
 	per := max(1, min(w.pool.chunkCap, len(batch)/len(w.pool.done)))
@@ -115,36 +117,39 @@ func (p *pool) firedTotal() uint64 {
 func (w *Wheel) runChunk(c *chunk, fired *paddedCounter) {
 	// The entries were last written by the advancer on another core. Loading every state word
 	// first lets those cache misses overlap; runEntry then finds the lines here.
-	for _, e := range c.es[:c.n] {
-		_ = e.state.Load()
+	for _, r := range c.es[:c.n] {
+		_ = r.e.state.Load()
 	}
-	for i, e := range c.es[:c.n] {
-		w.runEntry(e, fired)
-		c.es[i] = nil
+	var fb freeBatch
+	for i, r := range c.es[:c.n] {
+		w.runEntry(r, fired, &fb)
+		c.es[i] = ref{}
 	}
+	fb.flush()
 	c.n = 0
 	chunkPool.Put(c)
 }
 
-// runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry returns to
-// the pool before its callback starts (the callback may arm new timers, which then reuse it); a
-// periodic one stays until its run is over (every.go).
-func (w *Wheel) runEntry(e *entry, fired *paddedCounter) {
+// runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry is freed
+// into fb before its callback starts (fb returns it to its slab after the chunk); a periodic one
+// stays until its run is over (every.go).
+func (w *Wheel) runEntry(r ref, fired *paddedCounter, fb *freeBatch) {
+	e := r.e
 	for {
 		s := e.state.Load()
 		switch {
 		case isState(s, stStopped):
-			freeEntry(e) // the Stop that got here counted itself; no command refers to e
+			fb.add(&r.s.slab, r.i, e) // the Stop that got here counted itself; no command refers to e
 			return
-		case e.periodic:
+		case e.periodic():
 			if e.state.CompareAndSwap(s, withState(s, stRunning)) {
-				w.runPeriodic(e, fired)
+				w.runPeriodic(r, fired)
 				return
 			}
 		default:
 			f, arg := e.f, e.arg
 			if e.state.CompareAndSwap(s, withState(s, stFree)) {
-				freeEntry(e)
+				fb.add(&r.s.slab, r.i, e)
 				fired.n.Inc()
 				w.releasePending(1)
 				w.call(f, arg)
