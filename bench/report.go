@@ -128,6 +128,7 @@ func (r *Results) addLadder(n int, k Kind, l LadderResult) {
 	}
 	r.add("gc_wall_ms/"+c, k, l.GCWallMs)
 	r.add("gc_cpu_ms/"+c, k, l.GCCPUMs)
+	r.add("gc_extra_cpu_ms/"+c, k, l.GCExtraCPUMs)
 	for _, p := range r.cfg.Producers {
 		if s, ok := l.Scaling[p]; ok {
 			r.addPairs("scaling", fmt.Sprintf("procs=%d", p), k, s)
@@ -141,6 +142,7 @@ func (r *Results) addFlood(k Kind, f FloodResult) {
 	r.add("flood_late_p50_ms", k, f.P50)
 	r.add("flood_late_p99_ms", k, f.P99)
 	r.add("flood_late_max_ms", k, f.Max)
+	r.add("flood_cpu_ns_per_timer", k, f.CPUPerTimer)
 	r.LatenessCDF[k.key()] = append(r.LatenessCDF[k.key()], f.CDF)
 	r.addCheck(f.Check)
 }
@@ -187,14 +189,16 @@ func (r *Results) rows() []row {
 		row{"flood_all_fired_ms", fmt.Sprintf("(b) flood %s in %v: ms until all fired", f, cfg.FloodSpread)},
 		row{"flood_late_p50_ms", "(b) flood lateness p50, ms"},
 		row{"flood_late_p99_ms", "(b) flood lateness p99, ms"},
-		row{"flood_late_max_ms", "(b) flood lateness max, ms"})
+		row{"flood_late_max_ms", "(b) flood lateness max, ms"},
+		row{"flood_cpu_ns_per_timer", "(b) flood process CPU per timer, ns (schedule + fire + harness callback)"})
 	for _, n := range levels[len(cfg.Pending):] {
 		rs = append(rs, row{"bytes_per_timer/" + count(n), fmt.Sprintf("(c) heap bytes per pending timer, %s", count(n))})
 	}
 	rs = append(rs, row{"idle_cpu_ms_per_s/" + count(cfg.BigN), fmt.Sprintf("(d) idle CPU, ms/s, %s pending", count(cfg.BigN))})
 	for _, n := range levels[len(cfg.Pending):] {
 		rs = append(rs, row{"gc_wall_ms/" + count(n), fmt.Sprintf("(e) one forced GC, ms, %s pending", count(n))},
-			row{"gc_cpu_ms/" + count(n), fmt.Sprintf("(e) its GC CPU, ms, %s pending", count(n))})
+			row{"gc_cpu_ms/" + count(n), fmt.Sprintf("(e) its GC CPU, ms, %s pending", count(n))},
+			row{"gc_extra_cpu_ms/" + count(n), fmt.Sprintf("(e) GC CPU the %s timers add (minus the harness's own)", count(n))})
 	}
 	for _, p := range cfg.Producers {
 		rs = append(rs, row{fmt.Sprintf("scaling_ns/procs=%d", p), fmt.Sprintf("(f) ns/pair, %d producers, %s pending", p, count(cfg.BigN))})

@@ -117,6 +117,7 @@ type FloodResult struct {
 	CDF         []float64 // lateness in ms at cdfQuantiles
 	Check       Check
 	SchedulerMs float64 // how long scheduling the n timers took
+	CPUPerTimer float64 // process CPU (getrusage) from the first schedule call to the last callback, ns per timer
 }
 
 // runFlood schedules n timers with delays uniform over [0, spread] from procs goroutines and
@@ -133,12 +134,14 @@ func runFlood(k Kind, n, procs int, spread, grace time.Duration, slab []Rec, hs 
 	settle()
 	w := startWatch(int64(n))
 	var rejected atomic.Int64
+	c0 := cpuTime()
 	t0 := mono()
 	parallel(procs, n, func(g, lo, hi int) {
 		scheduleSpread(im, recs, hs, lo, hi, rng(1, g), spread, &rejected)
 	})
 	sched := mono() - t0
 	w.waitDone(spread + grace)
+	cpu := cpuTime() - c0
 	time.Sleep(20 * time.Millisecond) // let a double fire show
 	stopWatch()
 	closeImpl(im, hs[:n])
@@ -163,6 +166,7 @@ func runFlood(k Kind, n, procs int, spread, grace time.Duration, slab []Rec, hs 
 		Max:         float64(quantileSorted(late, 1)) / 1e6,
 		Check:       c,
 		SchedulerMs: float64(sched) / 1e6,
+		CPUPerTimer: float64(cpu.Nanoseconds()) / float64(n),
 	}
 	for _, q := range cdfQuantiles {
 		res.CDF = append(res.CDF, float64(quantileSorted(late, q))/1e6)
@@ -177,6 +181,7 @@ type LadderResult struct {
 	IdleCPUMsPerS      float64 // process CPU ms per wall second while the timers wait
 	IdleGCCPUMsPerS    float64 // of which the runtime attributes to GC
 	GCWallMs, GCCPUMs  float64 // one forced runtime.GC
+	GCExtraCPUMs       float64 // GCCPUMs minus the GC CPU of the same forced GC before the timers existed
 	FillMs             float64 // scheduling the n timers
 	Pairs              PairResult
 	Scaling            map[int]PairResult // producers -> pair cost
@@ -190,6 +195,10 @@ type LadderResult struct {
 // pairs at that many producers.
 func runLadder(k Kind, n, procs int, idle, pairTime time.Duration, producers []int, slab []Rec, hs []Handle) (LadderResult, error) {
 	var res LadderResult
+	// The harness's own memory (its timer records and handles) costs the collector too: a forced
+	// GC before the implementation starts is the baseline that GCExtraCPUMs subtracts.
+	settle()
+	_, gcBase := forcedGC()
 	in0, al0 := heapInUse()
 	im, err := newImpl(k)
 	if err != nil {
@@ -219,6 +228,7 @@ func runLadder(k Kind, n, procs int, idle, pairTime time.Duration, producers []i
 	settle()
 	gw, gc := forcedGC()
 	res.GCWallMs, res.GCCPUMs = ms(gw), ms(gc)
+	res.GCExtraCPUMs = ms(gc - gcBase)
 	res.Pairs = runPairs(im, procs, pairTime)
 	if len(producers) > 0 {
 		res.Scaling = map[int]PairResult{}
