@@ -3,6 +3,7 @@ package shardwheel_test
 import (
 	"fmt"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -107,6 +108,72 @@ func BenchmarkFire(b *testing.B) {
 	})
 	b.Run("impl=runtime", func(b *testing.B) {
 		run(b, func(d time.Duration, f func()) { time.AfterFunc(d, f) }, func() {})
+	})
+}
+
+// BenchmarkGCWithPending measures what a million pending timers (an hour out) cost the garbage
+// collector: each op is one forced runtime.GC, and gc-cpu-ms is the GC CPU it took minus the same
+// forced GC before the timers were armed. Every timer has its own argument, as a server's
+// timeouts do: the wheel gets it through AfterFuncArg, the runtime through a func per timer that
+// is built before the baseline, so only the timers themselves are counted for both.
+func BenchmarkGCWithPending(b *testing.B) {
+	const n = 1_000_000
+	type rec struct{ a, b int64 }
+	gcCPU := func() float64 {
+		s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+		metrics.Read(s)
+		return s[0].Value.Float64()
+	}
+	forced := func() float64 {
+		c := gcCPU()
+		runtime.GC()
+		return gcCPU() - c
+	}
+	run := func(b *testing.B, arm, disarm func()) {
+		runtime.GC()
+		base := forced()
+		arm()
+		runtime.GC()
+		b.ResetTimer()
+		var sum float64
+		for i := 0; i < b.N; i++ {
+			sum += forced()
+		}
+		b.StopTimer()
+		b.ReportMetric((sum/float64(b.N)-base)*1e3, "gc-cpu-ms")
+		disarm()
+	}
+	noop := func(any) {}
+	b.Run("impl=wheel", func(b *testing.B) {
+		w, err := sw.New()
+		if err != nil {
+			b.Fatal(err)
+		}
+		recs := make([]rec, n)
+		hs := make([]sw.Timer, n)
+		run(b, func() {
+			for i := range recs {
+				hs[i], _ = w.AfterFuncArg(time.Hour, noop, &recs[i])
+			}
+		}, func() { w.Stop() })
+	})
+	b.Run("impl=runtime", func(b *testing.B) {
+		recs := make([]rec, n)
+		fns := make([]func(), n)
+		for i := range fns {
+			r := &recs[i]
+			fns[i] = func() { noop(r) }
+		}
+		ts := make([]*time.Timer, n)
+		run(b, func() {
+			for i := range ts {
+				ts[i] = time.AfterFunc(time.Hour, fns[i])
+			}
+		}, func() {
+			for _, t := range ts {
+				t.Stop()
+			}
+		})
 	})
 }
 
