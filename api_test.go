@@ -2,6 +2,7 @@ package shardwheel_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,35 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 		assert.Nil(t, w)
 		assert.EqualError(t, err, c.want)
 	}
+}
+
+// TestSlabFull: a shard whose slab cannot grow refuses new timers with an ErrTooManyTimers that
+// names its limit, loses none of the timers it accepted, and accepts again once they end.
+func TestSlabFull(t *testing.T) {
+	t.Cleanup(sw.SetSlabCap(2 * sw.SlabChunkLen)) // runs after the wheel's Stop: cleanups run last-in first-out
+	const limit = 2*sw.SlabChunkLen - 1           // slab index 0 is never used
+	w, clk := manualWheel(t, sw.WithShards(1))
+	fired := 0
+	f := func(any) { fired++ }
+	for i := 0; i < limit; i++ {
+		_, err := w.AfterFuncArg(time.Millisecond, f, nil)
+		require.NoError(t, err, "timer %d", i)
+	}
+	_, err := w.AfterFuncArg(time.Millisecond, f, nil)
+	require.ErrorIs(t, err, sw.ErrTooManyTimers)
+	require.EqualError(t, err, fmt.Sprintf("shardwheel: too many pending timers: a shard holds at most %d", limit))
+	_, err = w.Every(time.Millisecond, func() {})
+	require.ErrorIs(t, err, sw.ErrTooManyTimers)
+	require.Equal(t, limit, w.Len())
+	require.EqualValues(t, 2, w.Stats().Rejected)
+
+	clk.Advance(time.Millisecond)
+	require.Equal(t, limit, fired, "every accepted timer fires")
+	_, err = w.AfterFuncArg(time.Millisecond, f, nil)
+	require.NoError(t, err, "fired timers give their entries back")
+	clk.Advance(time.Millisecond)
+	require.Equal(t, limit+1, fired)
+	requireBalance(t, w)
 }
 
 func TestSchedulingErrors(t *testing.T) {

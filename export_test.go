@@ -129,3 +129,13 @@ func (w *Wheel) SlabCapacity() int {
 	}
 	return n
 }
+
+// SetSlabCap lowers how many entries a shard's slab may grow to (a multiple of SlabChunkLen) and
+// returns the func that restores it. Tests that call it must not run in parallel.
+func SetSlabCap(n uint64) (restore func()) {
+	old := slabCap
+	slabCap = n
+	return func() { slabCap = old }
+}
+
+const SlabChunkLen = slabChunkLen

@@ -40,6 +40,19 @@ const (
 	maxEntries = 1 << 31
 )
 
+// slabCap is the most entries a shard's slab grows to: maxEntries, lowered only by tests.
+var slabCap uint64 = maxEntries
+
+// errSlabFull is what scheduling returns when its shard's slab cannot grow: about two billion
+// timers pending on one shard (96 GiB of entries). It is an ErrTooManyTimers.
+type errSlabFull struct{ limit uint64 }
+
+func (e errSlabFull) Error() string {
+	return fmt.Sprintf("shardwheel: too many pending timers: a shard holds at most %d", e.limit)
+}
+
+func (errSlabFull) Unwrap() error { return ErrTooManyTimers }
+
 type slabChunk [slabChunkLen]entry
 
 type slab struct {
@@ -54,13 +67,15 @@ func (sl *slab) at(i uint32) *entry {
 	return &(*sl.chunks.Load())[i>>slabChunkBits][i&slabChunkMask]
 }
 
-// alloc pops a free entry, growing the slab when none is free. The caller owns the entry.
+// alloc pops a free entry, growing the slab when none is free. The caller owns the entry. It
+// returns a nil entry only when none is free and the slab is at slabCap.
 func (sl *slab) alloc() (uint32, *entry) {
 	for {
 		h := sl.free.Load()
 		i := uint32(h)
 		if i == 0 {
-			if i, e := sl.grow(); e != nil {
+			i, e, full := sl.grow()
+			if e != nil || full {
 				return i, e
 			}
 			continue // another goroutine grew the slab meanwhile
@@ -86,20 +101,21 @@ func (sl *slab) freeList(first uint32, last *entry) {
 }
 
 // grow adds a chunk, pushes all of its entries but one and returns that one; or returns a nil
-// entry if the free stack is no longer empty (another goroutine grew the slab).
-func (sl *slab) grow() (uint32, *entry) {
+// entry if the free stack is no longer empty (another goroutine grew the slab), or a nil entry
+// and full if the slab is at slabCap.
+func (sl *slab) grow() (i uint32, e *entry, full bool) {
 	sl.growMu.Lock()
 	defer sl.growMu.Unlock()
 	if uint32(sl.free.Load()) != 0 {
-		return 0, nil
+		return 0, nil, false
 	}
 	var cur []*slabChunk
 	if p := sl.chunks.Load(); p != nil {
 		cur = *p
 	}
 	n := uint32(len(cur))
-	if uint64(n+1)<<slabChunkBits > maxEntries {
-		panic(fmt.Sprintf("shardwheel: a shard's slab is full: %d entries", uint64(n)<<slabChunkBits))
+	if uint64(n+1)<<slabChunkBits > slabCap {
+		return 0, nil, true
 	}
 	c := new(slabChunk)
 	// append may write past the old slice's length in its backing array; readers holding the
@@ -117,13 +133,16 @@ func (sl *slab) grow() (uint32, *entry) {
 	if first+1 < base+slabChunkLen {
 		sl.freeList(first+1, &c[slabChunkLen-1])
 	}
-	return first, &c[first&slabChunkMask]
+	return first, &c[first&slabChunkMask], false
 }
 
 // newEntry takes an entry from the shard's slab and arms it (gen+1, pending). The caller owns it
-// until it publishes it with an add command.
+// until it publishes it with an add command. A nil entry means the slab is full.
 func (sl *slab) newEntry() (uint32, *entry, uint64) {
 	i, e := sl.alloc()
+	if e == nil {
+		return 0, nil, 0
+	}
 	w := nextArming(e.state.Load())
 	e.state.Store(w)
 	return i, e, genOf(w)

@@ -132,8 +132,8 @@ func New(opts ...Option) (*Wheel, error) {
 // AfterFunc schedules f to run once, d from now, on the worker pool, and returns its Timer.
 // It never runs f early: not before the moment of the call plus d, on the monotonic clock.
 // d <= 0 runs f as soon as possible; any d up to math.MaxInt64 is accepted. It returns ErrNilFunc
-// if f is nil, ErrClosed after Stop, ErrTooManyTimers past WithMaxPending; nothing is scheduled
-// then. It does not block.
+// if f is nil, ErrClosed after Stop, ErrTooManyTimers past WithMaxPending (or when the caller's
+// shard holds 2^31-1 timers, 96 GiB of them); nothing is scheduled then. It does not block.
 func (w *Wheel) AfterFunc(d time.Duration, f func()) (Timer, error) {
 	if f == nil {
 		return w.reject(ErrNilFunc)
@@ -176,6 +176,13 @@ func (w *Wheel) schedule(s *shard, d time.Duration, f func(any), arg any) (Timer
 		tok, s = w.takeShard()
 	}
 	i, e, gen := s.slab.newEntry()
+	if e == nil {
+		if tok != nil {
+			shardTokens.Put(tok)
+		}
+		w.releasePending(1)
+		return w.reject(errSlabFull{limit: slabCap&^slabChunkMask - 1}) // index 0 is never used
+	}
 	e.f, e.arg = f, arg
 	when := w.deadline(d)
 	e.when.Store(when)
