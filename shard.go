@@ -14,17 +14,21 @@ import (
 const cacheLineSize = 64
 
 // shard is one slice of the Wheel: a ring that carries commands in, a hierarchical wheel with its
-// bucket heap, and the entries linked into it. A producer picks a shard once per AfterFunc
-// (Wheel.pickShard) and the Timer remembers it, so Stop and Reset go straight back to it.
+// bucket heap, the slab its entries live in, and the entries linked into the wheel. A producer
+// picks a shard once per AfterFunc (Wheel.pickShard) and the Timer remembers it, so Stop and
+// Reset go straight back to it.
 //
 // The first cache line is what producers write: the ring's tail, the published next deadline
 // (read by every producer, written rarely) and the counters of scheduled and stopped timers. It
 // is written by the goroutines of (mostly) one P, because pickShard maps a P to a shard.
 //
-// Everything after the padding is owned by whoever holds mu: the clock goroutine while it
-// advances the shard, or a producer that found the ring full and drains it itself. That is the
-// only place where ownership of entries changes hands: a producer hands an entry over by
-// publishing a command; the holder of mu takes it by popping the command.
+// The second is the slab's (pool.go): its free stack is lock-free, used by producers and by
+// whoever frees an entry.
+//
+// Everything after that is owned by whoever holds mu: the clock goroutine while it advances the
+// shard, or a producer that found the ring full and drains it itself. A linked entry changes
+// hands only there: a producer hands an entry over by publishing a command; the holder of mu
+// takes it by popping the command.
 type shard struct {
 	ring      ring                                              // producer side; see ring.go
 	next      atomic.Int64                                      // a lower bound of the earliest deadline in the ring or the wheel (ticks)
