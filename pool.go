@@ -197,6 +197,7 @@ func (b *freeBatch) flush() {
 const maxChunk = 64
 
 // ref names a fired entry on its way to a worker: its shard (whose slab gets it back) and index.
+// e is s.slab.at(i), carried so that the worker's loop does not look it up again.
 type ref struct {
 	s *shard
 	e *entry
