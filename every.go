@@ -6,12 +6,11 @@ import (
 	"time"
 )
 
-// every is the argument of a periodic entry: the user's func, its interval and the shard the
-// entry lives on. Immutable after Every.
+// every is the argument of a periodic entry: the user's func and its interval. Immutable after
+// Every. The shard a run re-arms on is the one the entry lives in (ref.s).
 type every struct {
 	f        func()
 	interval time.Duration
-	s        *shard
 }
 
 // Every runs f every interval until the returned Timer is stopped; the first run is due one
@@ -33,20 +32,18 @@ func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 		w.rejected.Inc()
 		return Timer{}, fmt.Errorf("shardwheel: Every(%v): interval must be positive", durationArg(interval))
 	}
-	s := w.pickShard()
-	return w.schedule(s, interval, nil, &every{f: f, interval: interval, s: s})
+	return w.schedule(nil, &every{f: f, interval: interval}, interval)
 }
 
 // runPeriodic runs one run of an Every; the worker has moved the entry from firing to running.
 // It counts the run as fired and the next run as scheduled before f starts, so that a Stop during
 // the run (running -> stopped, counted as stopped) keeps Scheduled == Fired + Stopped + Pending.
 // After f it re-arms the entry (running -> pending) with the same gen, so the Timer stays valid,
-// unless a Stop came first; then it frees the entry, which nothing else refers to.
-func (w *Wheel) runPeriodic(r ref, fired *paddedCounter) {
-	e := r.e
-	ev := e.arg.(*every)
+// unless a Stop came first; then it frees the entry into fb, which nothing else refers to.
+func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatch) {
+	e, s := r.e, r.s
 	fired.n.Inc()
-	ev.s.scheduled.Inc()
+	s.scheduled.Inc()
 	start := w.nanos()
 	w.call(callFunc, ev.f)
 	when := w.deadlineFrom(start, ev.interval)
@@ -57,23 +54,23 @@ func (w *Wheel) runPeriodic(r ref, fired *paddedCounter) {
 		if dropFrom(e, stRunning) { // else a Stop during this run got it first and counted it
 			w.noteDropped(1)
 		}
-		r.s.slab.freeEntry(r.i, e)
+		fb.add(&s.slab, r.i, e)
 		return
 	}
 	var gen uint64
 	for {
-		s := e.state.Load()
-		if isState(s, stStopped) {
-			r.s.slab.freeEntry(r.i, e)
+		st := e.state.Load()
+		if isState(st, stStopped) {
+			fb.add(&s.slab, r.i, e)
 			return
 		}
 		e.when.Store(when)
-		if e.state.CompareAndSwap(s, withState(s, stPending)) {
-			gen = genOf(s)
+		if e.state.CompareAndSwap(st, withState(st, stPending)) {
+			gen = genOf(st)
 			break
 		}
 	}
-	if ok, _ := ev.s.send(r.i, gen, opAdd); !ok {
+	if ok, _ := s.send(r.i, gen, opAdd); !ok {
 		// Wheel.Stop closed the ring during the run: the next run will never happen. A Reset
 		// may hold the entry meanwhile; dropFrom waits for it rather than lose the count.
 		if dropFrom(e, stPending) {
@@ -81,5 +78,5 @@ func (w *Wheel) runPeriodic(r ref, fired *paddedCounter) {
 		}
 		return
 	}
-	ev.s.noteDeadline(when)
+	s.noteDeadline(when)
 }

@@ -20,9 +20,9 @@ import (
 // reads the link of an entry someone else has just armed reads it atomically and then fails its
 // CAS. Who frees an entry:
 //   - the shard, when it takes the cancel command of a timer stopped while pending;
-//   - the worker, for a one-shot callback it is about to start, or a timer stopped while it
-//     waited in the worker queue (both collected in a freeBatch and returned after the chunk),
-//     and after a stopped periodic run.
+//   - the worker, for a one-shot callback it is about to start, a timer stopped while it waited
+//     in the worker queue, or a periodic series that ended during its run; each goes into the
+//     chunk's freeBatch and returns to its slab after the chunk.
 //
 // Each is the single owner of the entry at that moment (timer.go's table), so an entry is never
 // freed twice. An entry's gen survives freeing: arming bumps it, which makes every Timer that

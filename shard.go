@@ -15,12 +15,12 @@ const cacheLineSize = 64
 
 // shard is one slice of the Wheel: a ring that carries commands in, a hierarchical wheel with its
 // bucket heap, the slab its entries live in, and the entries linked into the wheel. A producer
-// picks a shard once per AfterFunc (Wheel.pickShard) and the Timer remembers it, so Stop and
+// picks a shard once per AfterFunc (Wheel.takeShard) and the Timer remembers it, so Stop and
 // Reset go straight back to it.
 //
 // The first cache line is what producers write: the ring's tail, the published next deadline
 // (read by every producer, written rarely) and the counters of scheduled and stopped timers. It
-// is written by the goroutines of (mostly) one P, because pickShard maps a P to a shard.
+// is written by the goroutines of (mostly) one P, because takeShard maps a P to a shard.
 //
 // The second is the slab's (pool.go): its free stack is lock-free, used by producers and by
 // whoever frees an entry.

@@ -138,7 +138,7 @@ func (w *Wheel) AfterFunc(d time.Duration, f func()) (Timer, error) {
 	if f == nil {
 		return w.reject(ErrNilFunc)
 	}
-	return w.schedule(nil, d, callFunc, f)
+	return w.schedule(callFunc, f, d)
 }
 
 // callFunc runs a func() stored as the argument: func values are pointer-shaped, so storing one
@@ -152,7 +152,7 @@ func (w *Wheel) AfterFuncArg(d time.Duration, f func(arg any), arg any) (Timer, 
 	if f == nil {
 		return w.reject(ErrNilFunc)
 	}
-	return w.schedule(nil, d, f, arg)
+	return w.schedule(f, arg, d)
 }
 
 func (w *Wheel) reject(err error) (Timer, error) {
@@ -160,21 +160,18 @@ func (w *Wheel) reject(err error) (Timer, error) {
 	return Timer{}, err
 }
 
-// schedule arms an entry and publishes it to shard s (nil: the caller's P's shard). The steps:
-// take an entry from the pool (arming bumps its gen), fill it, read the clock, publish the add
-// command (the ring orders the plain writes before it), count it, and note its deadline so that
-// the clock goroutine wakes if it is the earliest.
-func (w *Wheel) schedule(s *shard, d time.Duration, f func(any), arg any) (Timer, error) {
+// schedule arms an entry on the caller's P's shard and publishes it. The steps: take an entry
+// from the shard's slab (arming bumps its gen), fill it, read the clock, publish the add command
+// (the ring orders the plain writes before it), count it, and note its deadline so that the
+// clock goroutine wakes if it is the earliest. A periodic entry has f nil and an *every as arg.
+func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 	if w.closed.Load() {
 		return w.reject(ErrClosed)
 	}
 	if !w.reservePending() {
 		return w.reject(ErrTooManyTimers)
 	}
-	var tok *shardToken
-	if s == nil {
-		tok, s = w.takeShard()
-	}
+	tok, s := w.takeShard()
 	i, e, gen := s.slab.newEntry()
 	if e == nil {
 		if tok != nil {
@@ -252,15 +249,6 @@ func (w *Wheel) takeShard() (*shardToken, *shard) {
 		t = &shardToken{n: tokenSeq.Inc()} // consecutive tokens: distinct shards for the first Ps
 	}
 	return t, w.shards[t.n%uint32(len(w.shards))]
-}
-
-// pickShard returns the caller's shard.
-func (w *Wheel) pickShard() *shard {
-	t, s := w.takeShard()
-	if t != nil {
-		shardTokens.Put(t)
-	}
-	return s
 }
 
 // Len returns the number of pending timers: scheduled, and neither started nor stopped. A timer

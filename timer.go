@@ -93,12 +93,6 @@ type entry struct {
 // linked reports whether the entry is in a bucket. Owned by the holder of shard.mu.
 func (e *entry) linked() bool { return e.prev != 0 }
 
-// periodic reports whether the entry is an Every series. Immutable while the entry is armed.
-func (e *entry) periodic() bool {
-	_, ok := e.arg.(*every)
-	return ok
-}
-
 // A Timer is the handle of a scheduled callback. It is a small value: copy it, compare it, keep it
 // in a struct. The zero Timer is a timer that never fires: Stop and Reset report false.
 //

@@ -135,15 +135,16 @@ func (w *Wheel) runChunk(c *chunk, fired *paddedCounter) {
 // stays until its run is over (every.go).
 func (w *Wheel) runEntry(r ref, fired *paddedCounter, fb *freeBatch) {
 	e := r.e
+	ev, periodic := e.arg.(*every) // a periodic entry has an *every as its argument (timer.go)
 	for {
 		s := e.state.Load()
 		switch {
 		case isState(s, stStopped):
 			fb.add(&r.s.slab, r.i, e) // the Stop that got here counted itself; no command refers to e
 			return
-		case e.periodic():
+		case periodic:
 			if e.state.CompareAndSwap(s, withState(s, stRunning)) {
-				w.runPeriodic(r, fired)
+				w.runPeriodic(r, ev, fired, fb)
 				return
 			}
 		default:
