@@ -47,6 +47,9 @@ var slabCap uint64 = maxEntries
 // timers pending on one shard (96 GiB of entries). It is an ErrTooManyTimers.
 type errSlabFull struct{ limit uint64 }
 
+// slabFull returns the error for the current slabCap: whole chunks, less index 0, never used.
+func slabFull() error { return errSlabFull{limit: slabCap&^slabChunkMask - 1} }
+
 func (e errSlabFull) Error() string {
 	return fmt.Sprintf("shardwheel: too many pending timers: a shard holds at most %d", e.limit)
 }

@@ -178,7 +178,7 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 			shardTokens.Put(tok)
 		}
 		w.releasePending(1)
-		return w.reject(errSlabFull{limit: slabCap&^slabChunkMask - 1}) // index 0 is never used
+		return w.reject(slabFull())
 	}
 	e.f, e.arg = f, arg
 	when := w.deadline(d)

@@ -286,7 +286,7 @@ func (w *wheel) forEach(fn func(e *entry)) {
 }
 
 // position returns the bucket and lane an entry is linked in, by walking back to its lane's
-// reference. O(the entry's place in its lane): for tests and verify, never the hot path.
+// reference. O(the entry's place in its lane): for tests, never the hot path.
 func (w *wheel) position(e *entry) (lv, sl int, ln uint8, ok bool) {
 	for p := e.prev; p != 0; p = w.slab.at(p).prev {
 		if p&laneBit != 0 {
@@ -298,7 +298,8 @@ func (w *wheel) position(e *entry) (lv, sl int, ln uint8, ok bool) {
 }
 
 // verify checks the wheel's invariants and returns the first violation: each bitmap bit matches
-// its bucket, each linked entry names its own bucket and is counted, each non-empty bucket is in
+// its bucket, each lane's entries link back to it (the first to the lane's reference, each other
+// to the entry before it) and are counted, each non-empty bucket is in
 // the heap with a start at or after elapsed that its slot math agrees with, and the heap is a heap.
 func (w *wheel) verify() error {
 	n := 0
@@ -325,7 +326,7 @@ func (w *wheel) verify() error {
 			}
 			for ln, h := range b.lanes {
 				prev := laneRef(lv, sl, uint8(ln))
-				for i := h; i != 0; i = w.slab.at(i).next {
+				for i := h; i != 0; {
 					e := w.slab.at(i)
 					if i&laneBit != 0 || e.prev != prev {
 						return fmt.Errorf("level %d slot %d lane %d: entry links wrong", lv, sl, ln)
@@ -333,7 +334,7 @@ func (w *wheel) verify() error {
 					if lv == overflowLv && bucketStart(e.when.Load(), lv) < b.start {
 						return fmt.Errorf("overflow: entry due %d parked past its era start %d", e.when.Load(), b.start)
 					}
-					prev = i
+					prev, i = i, e.next
 					n++
 				}
 			}
