@@ -115,11 +115,6 @@ func (p *pool) firedTotal() uint64 {
 
 // runChunk runs the entries of a chunk, counting fires in fired, and returns the chunk to its pool.
 func (w *Wheel) runChunk(c *chunk, fired *paddedCounter) {
-	// The entries were last written by the advancer on another core. Loading every state word
-	// first lets those cache misses overlap; runEntry then finds the lines here.
-	for _, r := range c.es[:c.n] {
-		_ = r.e.state.Load()
-	}
 	var fb freeBatch
 	for i, r := range c.es[:c.n] {
 		w.runEntry(r, fired, &fb)
