@@ -78,11 +78,7 @@ func (w *Wheel) isWorker(g int64) bool {
 func (w *Wheel) dispatch(batch []ref) {
 	fired := w.pool.otherFired()
 	if w.pool.queue == nil {
-		var fb freeBatch
-		for _, r := range batch {
-			w.runEntry(r, fired, &fb)
-		}
-		fb.flush()
+		w.runRefs(batch, fired)
 		return
 	}
 	per := max(1, min(w.pool.chunkCap, len(batch)/len(w.pool.done)))
@@ -115,14 +111,19 @@ func (p *pool) firedTotal() uint64 {
 
 // runChunk runs the entries of a chunk, counting fires in fired, and returns the chunk to its pool.
 func (w *Wheel) runChunk(c *chunk, fired *paddedCounter) {
-	var fb freeBatch
-	for i, r := range c.es[:c.n] {
-		w.runEntry(r, fired, &fb)
-		c.es[i] = ref{}
-	}
-	fb.flush()
+	w.runRefs(c.es[:c.n], fired)
+	clear(c.es[:c.n])
 	c.n = 0
 	chunkPool.Put(c)
+}
+
+// runRefs runs fired entries in order and returns the ones it frees to their slabs together.
+func (w *Wheel) runRefs(refs []ref, fired *paddedCounter) {
+	var fb freeBatch
+	for _, r := range refs {
+		w.runEntry(r, fired, &fb)
+	}
+	fb.flush()
 }
 
 // runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry is freed
