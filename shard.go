@@ -23,7 +23,7 @@ const cacheLineSize = 64
 // is written by the goroutines of (mostly) one P, because takeShard maps a P to a shard.
 //
 // The second is the slab's (pool.go): its free stack is lock-free, used by producers and by
-// whoever frees an entry.
+// whoever frees an entry. The Wheel pointer, which producers read, sits there too.
 //
 // Everything after that is owned by whoever holds mu: the clock goroutine while it advances the
 // shard, or a producer that found the ring full and drains it itself. A linked entry changes
@@ -37,14 +37,15 @@ type shard struct {
 	_         [cacheLineSize - unsafe.Sizeof(ring{}) - 3*8]byte // the sum is pinned by a test
 
 	// The second line is the slab's: its free stack is popped by producers and pushed by
-	// whoever frees (the holder of mu, workers). Apart from both other lines.
+	// whoever frees (the holder of mu, workers). It also holds w, which producers read (Stop,
+	// Reset, noteDeadline): kept off the owner's lines below, which the holder of mu writes.
 	slab slab
-	_    [cacheLineSize - unsafe.Sizeof(slab{})]byte
+	w    *Wheel // immutable
+	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 8]byte
 
 	mu       sync.Mutex
 	head     uint64               // the ring's consumer position; owned by the holder of mu
 	tw       wheel                // owned by the holder of mu
-	w        *Wheel               // immutable
 	expireFn func(uint32, *entry) // s.expire, made once so that advance allocates nothing
 	freed    freeBatch            // entries freed by the current drain; owned by the holder of mu
 
