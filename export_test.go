@@ -26,7 +26,7 @@ var (
 	EntrySize      = unsafe.Sizeof(entry{})
 	ShardSlabAt    = unsafe.Offsetof(shard{}.slab)
 	ShardOwnerAt   = unsafe.Offsetof(shard{}.mu)
-	ShardHotFields = unsafe.Sizeof(ring{}) + unsafe.Sizeof(shard{}.next) + unsafe.Sizeof(shard{}.scheduled) + unsafe.Sizeof(shard{}.stopped)
+	ShardHotFields = unsafe.Sizeof(ring{}) + unsafe.Sizeof(shard{}.scheduled) + unsafe.Sizeof(shard{}.stopped)
 	CacheLineSize  = uintptr(cacheLineSize)
 )
 
@@ -139,3 +139,46 @@ func SetSlabCap(n uint64) (restore func()) {
 }
 
 const SlabChunkLen = slabChunkLen
+
+// Held is a command that a producer has claimed in its shard's ring and not yet published: the
+// producer is paused between the two steps (preemption, a GC scan, a CPU quota can do that).
+type Held struct {
+	s    *shard
+	slot *ringSlot
+	pos  uint64
+	i    uint32
+	cmd  uint64
+}
+
+// StopHeld is Timer.Stop paused after its state CAS and the claim of its cancel's ring slot: it
+// reports what Stop would, and the caller must Publish the command (before Wheel.Stop, which
+// waits for every claimed slot). It reports false and nil for a timer that is not pending, and
+// panics if the ring is full (the tests keep rings roomy).
+func (t Timer) StopHeld() (bool, *Held) {
+	if t.s == nil {
+		return false, nil
+	}
+	e := t.s.slab.at(t.i)
+	w := e.state.Load()
+	if !isGen(w, t.gen) || !isState(w, stPending) || !t.stopWord(e, w) {
+		return false, nil
+	}
+	slot, pos, res := t.s.ring.claim()
+	if slot == nil {
+		panic(fmt.Sprintf("StopHeld: ring push result %d", res))
+	}
+	return true, &Held{s: t.s, slot: slot, pos: pos, i: t.i, cmd: t.gen<<opBits | opCancel}
+}
+
+// ShardID names the shard the held command is in, comparable with Timer.ShardID.
+func (h *Held) ShardID() uintptr { return uintptr(unsafe.Pointer(h.s)) }
+
+// ShardID names the timer's home shard (0 for the zero Timer).
+func (t Timer) ShardID() uintptr { return uintptr(unsafe.Pointer(t.s)) }
+
+// Publish lets the paused producer go on: it publishes the command, as Stop's send does.
+func (h *Held) Publish() {
+	if h.s.ring.publish(h.slot, h.pos, h.i, h.cmd)&ringKick != 0 {
+		h.s.kick()
+	}
+}

@@ -7,7 +7,8 @@ import (
 
 // FuzzWheel decodes random bytes into a sequence of operations (schedule at any delay from
 // math.MinInt64 to math.MaxInt64, Every, Stop, Reset, stale-handle Stop and Reset, Advance by
-// anything from 0 to math.MaxInt64) and runs it against a Wheel on a manual clock and against the
+// anything from 0 to math.MaxInt64, and Stops paused between the claim of their ring slot and its
+// publication, published later in any order) and runs it against a Wheel on a manual clock and against the
 // reference model of model_test.go; see relRun for the decoding and relHarness for what is checked.
 //
 // Plain `go test` replays the seeds below and the corpus in testdata/fuzz/FuzzWheel. To search:
@@ -25,6 +26,9 @@ func FuzzWheel(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 3, 10, 0, 0, 4, 4, 0, 0, 3, 3, 0, 0, 9, 5, 4, 2, 3, 1, 0})
 	// Every, then huge advances.
 	f.Add([]byte{1, 1, 7, 9, 3, 0, 5, 3, 0, 1, 0, 6, 4, 3, 5, 5})
+	// The v1 lost wake-up: C (1 tick), D (an hour), D's Stop paused before it publishes, B
+	// (5 ticks) armed behind it, Advance fires C, the Stop publishes, Advance a day.
+	f.Add([]byte{0, 0, 0, 3, 1, 1, 0, 9, 60, 0, 35, 1, 0, 0, 3, 5, 1, 2, 1, 66, 0, 2, 4, 0})
 	big := make([]byte, 0, 256)
 	for i := 0; i < 64; i++ {
 		big = append(big, byte(i%10), byte(i*7), byte(i*13), byte(math.MaxUint8-i))

@@ -18,12 +18,12 @@ const cacheLineSize = 64
 // picks a shard once per AfterFunc (Wheel.takeShard) and the Timer remembers it, so Stop and
 // Reset go straight back to it.
 //
-// The first cache line is what producers write: the ring's tail, the published next deadline
-// (read by every producer, written rarely) and the counters of scheduled and stopped timers. It
-// is written by the goroutines of (mostly) one P, because takeShard maps a P to a shard.
+// The first cache line is what producers write: the ring's tail and the counters of scheduled and
+// stopped timers. It is written by the goroutines of (mostly) one P, because takeShard maps a P
+// to a shard.
 //
 // The second is the slab's (pool.go): its free stack is lock-free, used by producers and by
-// whoever frees an entry. The Wheel pointer, which producers read, sits there too.
+// whoever frees an entry. The Wheel pointer and the published next deadline sit there too.
 //
 // Everything after that is owned by whoever holds mu: the clock goroutine while it advances the
 // shard, or a producer that found the ring full and drains it itself. A linked entry changes
@@ -31,17 +31,18 @@ const cacheLineSize = 64
 // takes it by popping the command.
 type shard struct {
 	ring      ring                                              // producer side; see ring.go
-	next      atomic.Int64                                      // a lower bound of the earliest deadline in the ring or the wheel (ticks)
 	scheduled atomic.Uint64                                     // timers accepted on this shard (each Every run counts once)
 	stopped   atomic.Uint64                                     // Timer.Stop calls that reported true for timers of this shard
-	_         [cacheLineSize - unsafe.Sizeof(ring{}) - 3*8]byte // the sum is pinned by a test
+	_         [cacheLineSize - unsafe.Sizeof(ring{}) - 2*8]byte // the sum is pinned by a test
 
 	// The second line is the slab's: its free stack is popped by producers and pushed by
 	// whoever frees (the holder of mu, workers). It also holds w, which producers read (Stop,
-	// Reset, noteDeadline): kept off the owner's lines below, which the holder of mu writes.
+	// Reset, noteDeadline), and next, which producers read on every arm and the holder of mu
+	// writes after each advance: both kept off the owner's lines below.
 	slab slab
-	w    *Wheel // immutable
-	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 8]byte
+	w    *Wheel       // immutable
+	next atomic.Int64 // a lower bound of the earliest deadline in the ring or the wheel (ticks)
+	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 2*8]byte
 
 	mu       sync.Mutex
 	head     uint64               // the ring's consumer position; owned by the holder of mu
@@ -72,12 +73,15 @@ func (s *shard) init(w *Wheel, ringSize int) {
 func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 	cmd := gen<<opBits | op
 	for {
-		switch s.ring.push(i, cmd) {
-		case ringOK:
+		res := s.ring.push(i, cmd)
+		contended = contended || res&ringContended != 0
+		switch {
+		case res&ringKick != 0:
+			s.kick()
 			return true, contended
-		case ringOKContended:
-			return true, true
-		case ringClosedResult:
+		case res&(ringFull|ringClosedResult) == 0:
+			return true, contended
+		case res&ringClosedResult != 0:
 			return false, contended
 		}
 		// Full. That alone is no sign of sharing: one producer fills the ring between two
@@ -91,6 +95,12 @@ func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 		}
 	}
 }
+
+// kick makes the advancer look at the shard's ring again: its consumer stalled on a command that
+// was claimed but not yet published (ring.stall), and the producer of that command has now
+// published it. Tick 0 is due at any time, so the next advance drains the ring and publishes the
+// true next deadline; with a manual clock, that is the next Advance.
+func (s *shard) kick() { s.noteDeadline(0) }
 
 // noteDeadline lowers s.next to when, and wakes the clock goroutine if when is earlier than the
 // tick it sleeps until. Called by a producer after its command is published (after send).
@@ -200,14 +210,19 @@ func (s *shard) advanceLocked(now int64) {
 	s.publishNextLocked()
 }
 
-// publishNextLocked stores the wheel's next due tick in s.next. A producer may publish a command
-// after the drain and lower next with its CAS before this store overwrites it; so after the store
-// the ring is drained once more, and if that took anything the store is repeated. A command that
-// is claimed but not yet published stays: its producer's noteDeadline comes after this store.
+// publishNextLocked stores the wheel's next due tick in s.next. The drain behind that figure may
+// have missed commands, and the store may erase a producer's lower next, in two ways:
+//   - a producer published a command after the drain and lowered next with its CAS before this
+//     store overwrote it: so after the store the ring is drained once more, and if that took
+//     anything the store is repeated;
+//   - a producer claimed the ring's head but has not published it (it may be paused there, by
+//     preemption or a GC scan): its command and every command published behind it are invisible,
+//     and producers behind it saw an earlier next and did not lower it. So the consumer stalls on
+//     that position (ring.stall), and the producer's publish then kicks the shard.
 func (s *shard) publishNextLocked() {
 	for {
 		s.next.Store(s.tw.nextDue())
-		if !s.drainLocked() {
+		if !s.drainLocked() && !s.ring.stall(s.head) {
 			return
 		}
 	}

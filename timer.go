@@ -125,27 +125,33 @@ func (t Timer) Stop() bool {
 		switch stateOf(w) {
 		case stResetting:
 			runtime.Gosched() // a Reset holds the entry for two stores
-		case stPending:
-			if e.state.CompareAndSwap(w, withState(w, stStopped)) {
+		case stPending, stFiring, stRunning:
+			if !t.stopWord(e, w) {
+				continue
+			}
+			if isState(w, stPending) {
 				// The entry is in the ring or the wheel; the shard unlinks and frees it when it
 				// takes this command. If the ring was closed by Wheel.Stop, nobody needs it.
-				t.s.stopped.Inc()
-				t.s.w.releasePending(1)
-				t.s.send(t.i, t.gen, opCancel) // false: the ring was closed by Wheel.Stop; nothing to free
-				return true
+				t.s.send(t.i, t.gen, opCancel)
 			}
-		case stFiring, stRunning:
 			// firing: dispatched, not started; the worker sees stopped and frees the entry.
 			// running: a periodic run is in progress; the worker will not re-arm it.
-			if e.state.CompareAndSwap(w, withState(w, stStopped)) {
-				t.s.stopped.Inc()
-				t.s.w.releasePending(1)
-				return true
-			}
+			return true
 		default:
 			return false
 		}
 	}
+}
+
+// stopWord moves the entry from the state in w to stopped, if the word is still w, and counts
+// the stop. The caller frees nothing: see Stop for who does.
+func (t Timer) stopWord(e *entry, w uint64) bool {
+	if !e.state.CompareAndSwap(w, withState(w, stStopped)) {
+		return false
+	}
+	t.s.stopped.Inc()
+	t.s.w.releasePending(1)
+	return true
 }
 
 // Reset re-arms a pending timer to fire d from now and reports true. If the timer has fired, is
