@@ -300,12 +300,13 @@ func TestFullRing(t *testing.T) {
 	require.EqualValues(t, producers*each, fired.Load()+stopped.Load())
 }
 
-// TestFullQueue blocks the only worker so that the queue (one callback) fills, under both
-// policies; every callback still runs once.
+// TestFullQueue blocks one of two workers, with a queue of one callback, under both policies:
+// the other worker keeps time and runs what the queue has no room for, so every other callback
+// runs while the first is stuck, and every callback runs once.
 func TestFullQueue(t *testing.T) {
 	for _, policy := range []sw.FullPolicy{sw.Block, sw.CallerRuns} {
 		t.Run(policy.String(), func(t *testing.T) {
-			w, err := sw.New(sw.WithWorkers(1), sw.WithQueueSize(1), sw.WithFullPolicy(policy))
+			w, err := sw.New(sw.WithWorkers(2), sw.WithQueueSize(1), sw.WithFullPolicy(policy))
 			require.NoError(t, err)
 			release := make(chan struct{})
 			started := make(chan struct{})
@@ -320,12 +321,10 @@ func TestFullQueue(t *testing.T) {
 				_, err := w.AfterFunc(time.Duration(i%5)*time.Millisecond, func() { ran.Add(1); wg.Done() })
 				require.NoError(t, err)
 			}
-			if policy == sw.CallerRuns {
-				// The clock goroutine runs what does not fit while the worker is stuck; at most
-				// the one callback the queue holds waits for the worker.
-				for ran.Load() < n-1 {
-					time.Sleep(time.Millisecond)
-				}
+			// The free worker runs what does not fit while the other is stuck; at most the one
+			// callback the queue holds could wait for the stuck one.
+			for ran.Load() < n-1 {
+				time.Sleep(time.Millisecond)
 			}
 			close(release)
 			wg.Wait()

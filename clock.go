@@ -10,12 +10,12 @@ import (
 	"go.uber.org/atomic"
 )
 
-// never is the tick of "no deadline": an empty shard's next, an idle clock goroutine's target.
+// never is the tick of "no deadline": an empty shard's next, an idle keeper's target.
 // It doubles as the end of time (the clock saturates there), so a timer at the end of time fires
 // when a manual clock is advanced that far.
 const never = math.MaxInt64
 
-// awake is the target while the clock goroutine is working: producers never signal it then.
+// awake is the target while no keeper sleeps: producers never signal then.
 const awake = math.MinInt64
 
 // A Clock is the time source of a Wheel. Its method set is the package's own: the system's
@@ -105,7 +105,7 @@ func (c *ManualClock) detach(w *Wheel) {
 // math.MaxInt64.
 //
 // Where a coarse reading is safe and where it is not: the firing side may use a stale (early)
-// reading, since that only fires later; so the clock goroutine reads the time once per round. A
+// reading, since that only fires later; so the keeper reads the time once per wake. A
 // producer must never compute a deadline from a stale reading (that fires early, and with no
 // empty ticks the clock goroutine may have slept for an hour), so AfterFunc and Reset read the
 // monotonic clock themselves.
@@ -144,57 +144,6 @@ func (w *Wheel) deadlineFrom(now int64, d time.Duration) int64 {
 	return (t-1)/w.tick + 1
 }
 
-// runClock is the clock goroutine of a Wheel on the system clock: it sleeps until the earliest
-// next deadline over all shards, or until a producer wakes it for an earlier one, and advances
-// the shards that are due. With nothing due it sleeps on a channel: no ticks, no CPU.
-func (w *Wheel) runClock() {
-	self := goid()
-	w.advancer.Store(self)
-	defer func() {
-		close(w.clockDone)
-		if w.stopDeferred {
-			w.finishStop(self)
-		}
-	}()
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	for {
-		select {
-		case <-w.quit:
-			return
-		default:
-		}
-		w.target.Store(awake)
-		w.advance()
-		next := w.minNext()
-		w.target.Store(next)
-		if w.minNext() < next {
-			continue // a producer lowered a shard's next before it could see the target
-		}
-		now := w.nanos()
-		if next <= w.tickAt(now) {
-			continue
-		}
-		if next > math.MaxInt64/w.tick {
-			select { // nothing due before the end of time: sleep until a producer wakes us
-			case <-w.wake:
-			case <-w.quit:
-				return
-			}
-			continue
-		}
-		t.Reset(time.Duration(next*w.tick - now))
-		select {
-		case <-t.C:
-		case <-w.wake:
-			t.Stop()
-		case <-w.quit:
-			t.Stop()
-			return
-		}
-	}
-}
-
 // advanceManual advances the wheel to its manual clock's time. A call from inside the running
 // advance of this wheel (a callback that calls Advance) returns at once: the running advance
 // re-reads the clock before it stops.
@@ -218,11 +167,12 @@ func (w *Wheel) advanceManual() {
 	}
 }
 
-// advance fires every timer due by the current time. Each round reads the clock, takes the
-// earliest tick m that any shard may have due, advances every shard whose next is m to m, and
-// dispatches what fired; so timers fire in order of their tick across shards. A round that finds
-// nothing (a stale next) costs one lock per such shard; none are taken when nothing is due.
-// Only the advancer (the clock goroutine, or Advance under advMu) calls it.
+// advance fires every timer due by the manual clock's time. Each round reads the clock, takes
+// the earliest tick m that any shard may have due, advances every shard whose next is m to m,
+// and dispatches what fired; so timers fire in order of their tick across shards. A round that
+// finds nothing (a stale next) costs one lock per such shard; none are taken when nothing is
+// due. Only the manual advancer (Advance under advMu) calls it; the system clock's expiry side
+// is expiry.go.
 func (w *Wheel) advance() {
 	for {
 		now := w.tickAt(w.nanos())
@@ -235,7 +185,10 @@ func (w *Wheel) advance() {
 				continue
 			}
 			s.mu.Lock()
-			s.advanceLocked(m)
+			s.advanceLocked(m, 0)
+			w.batch = append(w.batch, s.fired...)
+			clear(s.fired)
+			s.fired = s.fired[:0]
 			s.mu.Unlock()
 		}
 		if len(w.batch) == 0 && m == never {

@@ -77,8 +77,12 @@ func (t *TestWheel) Unlink(id int) {
 	delete(t.entries, id)
 }
 
-func (t *TestWheel) Advance(now int64) {
-	t.w.advance(now, func(i uint32, e *entry) {
+func (t *TestWheel) Advance(now int64) { t.AdvanceBudget(now, 0) }
+
+// AdvanceBudget is one bounded step of Advance: it visits at most about budget entries and
+// reports whether it reached now.
+func (t *TestWheel) AdvanceBudget(now int64, budget int) bool {
+	return t.w.advance(now, func(i uint32, e *entry) {
 		when := e.when.Load()
 		if when > t.w.elapsed {
 			t.w.insert(i, e, when)
@@ -88,7 +92,7 @@ func (t *TestWheel) Advance(now int64) {
 		t.Fired = append(t.Fired, Firing{ID: id, When: when, At: t.w.elapsed})
 		delete(t.entries, id)
 		t.sl.freeEntry(i, e)
-	})
+	}, budget)
 }
 
 func (t *TestWheel) Elapsed() int64        { return t.w.elapsed }

@@ -207,10 +207,13 @@ type ref struct {
 	i uint32
 }
 
-// chunk carries expired entries to a worker in one channel operation. Chunks are pooled.
+// chunk carries work to a worker in one channel operation: expired entries to run, or (adv
+// non-nil) a due shard to advance to tick now, which the sender claimed for the taker. Pooled.
 type chunk struct {
-	n  int
-	es [maxChunk]ref
+	n   int
+	es  [maxChunk]ref
+	adv *shard
+	now int64
 }
 
 var chunkPool = sync.Pool{New: func() any { return new(chunk) }}

@@ -41,14 +41,21 @@ type shard struct {
 	// writes after each advance: both kept off the owner's lines below.
 	slab slab
 	w    *Wheel       // immutable
+	g    *group       // immutable: the group whose summary covers this shard (expiry.go)
 	next atomic.Int64 // a lower bound of the earliest deadline in the ring or the wheel (ticks)
-	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 2*8]byte
+	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 3*8]byte
 
 	mu       sync.Mutex
 	head     uint64               // the ring's consumer position; owned by the holder of mu
 	tw       wheel                // owned by the holder of mu
 	expireFn func(uint32, *entry) // s.expire, made once so that advance allocates nothing
 	freed    freeBatch            // entries freed by the current drain; owned by the holder of mu
+	fired    []ref                // entries the current advance step fired; owned by the holder of mu
+
+	// claimed is set while one goroutine advances the shard on the system clock, across the
+	// steps of a flood (it lets go of mu between them): the keeper claims a due shard (CAS
+	// false -> true) and the goroutine that advanced it clears it. Atomic; the keeper reads it.
+	claimed atomic.Bool
 
 	// Shards are allocated one by one; this keeps the owner's fields above off the cache line
 	// of whatever the allocator puts next, which may be another shard's producer line.
@@ -102,27 +109,40 @@ func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 // true next deadline; with a manual clock, that is the next Advance.
 func (s *shard) kick() { s.noteDeadline(0) }
 
-// noteDeadline lowers s.next to when, and wakes the clock goroutine if when is earlier than the
-// tick it sleeps until. Called by a producer after its command is published (after send).
+// noteDeadline lowers s.next to when, then the group's next, and wakes the keeper if when is
+// earlier than the tick it sleeps until. Called by a producer after its command is published
+// (after send), and by kick.
 //
-// Why no wake-up is lost: the clock goroutine (runClock) sets target to awake before it looks at
-// the shards, stores the target it will sleep until, and then reads every s.next once more. If
-// this producer read awake, its CAS on next came before the goroutine's second read, which sees
-// it; otherwise it reads the final target and signals if it is earlier.
+// Why no wake-up is lost (the keeper's side is Wheel.keep and collect, expiry.go):
+//  1. s.next before g.next: the keeper, when it recomputes a group, first stores never in
+//     g.next and then reads each s.next. A producer whose s.next store that read missed makes
+//     its CAS on g.next after the keeper's store, so the lower value stays in g.next.
+//  2. If s.next was already at or below when, so is g.next; or the producer that lowered s.next
+//     is about to lower g.next too; or the shard is being advanced or its group recomputed, and
+//     both of those publish s.next into g.next when they finish.
+//  3. g.next before target: the keeper stores the target it will sleep until and then reads
+//     every g.next once more. If this producer read an older target, its CAS on g.next came
+//     before that second read, which sees it; otherwise it reads the final target and signals
+//     if it is earlier. While nobody keeps time the target is awake and nobody is signalled:
+//     the next keeper reads every g.next before it sleeps.
 func (s *shard) noteDeadline(when int64) {
-	for {
-		n := s.next.Load()
-		if when >= n {
-			return
-		}
-		if s.next.CompareAndSwap(n, when) {
-			break
-		}
+	if !lowerTo(&s.next, when) || !lowerTo(&s.g.next, when) {
+		return
 	}
 	if when < s.w.target.Load() {
-		select {
-		case s.w.wake <- struct{}{}:
-		default:
+		s.w.signal()
+	}
+}
+
+// lowerTo lowers v to when if it is above and reports whether it did.
+func lowerTo(v *atomic.Int64, when int64) bool {
+	for {
+		n := v.Load()
+		if when >= n {
+			return false
+		}
+		if v.CompareAndSwap(n, when) {
+			return true
 		}
 	}
 }
@@ -173,7 +193,8 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 }
 
 // expire is called by wheel.advance for each entry of a bucket that came due, with
-// s.tw.elapsed set to that bucket's start. The caller holds s.mu, and is the Wheel's advancer.
+// s.tw.elapsed set to that bucket's start. The caller holds s.mu, and is the shard's advancer;
+// what fires goes to s.fired, which the advancer empties after each step.
 //
 // It reads the state word, then the deadline, then CASes the word it read: if a Reset stored a
 // later deadline in between, that Reset also bumped the version, the CAS fails and the loop
@@ -196,18 +217,23 @@ func (s *shard) expire(i uint32, e *entry) {
 			return
 		}
 		if e.state.CompareAndSwap(w, withState(w, stFiring)) {
-			s.w.batch = append(s.w.batch, ref{s: s, e: e, i: i})
+			s.fired = append(s.fired, ref{s: s, e: e, i: i})
 			return
 		}
 	}
 }
 
-// advanceLocked drains the ring, fires what is due at tick now into the advancer's batch and
-// publishes the shard's next deadline. The caller holds s.mu and is the Wheel's advancer.
-func (s *shard) advanceLocked(now int64) {
+// advanceLocked drains the ring and fires what is due at tick now into s.fired, visiting at
+// most about budget entries (0: no bound). When it reaches now it publishes the shard's next
+// deadline and reports true; otherwise s.next stays at or below now and the caller, which keeps
+// the shard (claimed, or under advMu), calls again after it let go of mu. The caller holds s.mu.
+func (s *shard) advanceLocked(now int64, budget int) bool {
 	s.drainLocked()
-	s.tw.advance(now, s.expireFn)
+	if !s.tw.advance(now, s.expireFn, budget) {
+		return false
+	}
 	s.publishNextLocked()
+	return true
 }
 
 // publishNextLocked stores the wheel's next due tick in s.next. The drain behind that figure may

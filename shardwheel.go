@@ -8,15 +8,18 @@
 // Kafka's TimingWheel does with its DelayQueue; entries of a bucket that comes due are fired or
 // re-inserted one level down. Commands reach a shard through a bounded lock-free MPSC ring
 // (Vyukov's bounded queue), drained by whoever holds the shard, much as Netty's HashedWheelTimer
-// drains its pending and cancelled queues on the tick thread. One clock goroutine per Wheel sleeps
-// until the earliest deadline over all shards; expired callbacks run on a bounded worker pool.
+// drains its pending and cancelled queues on the tick thread. A fixed pool of workers keeps time:
+// one of them at a time (the keeper) sleeps until the earliest deadline over groups of shards,
+// and the worker that wakes advances the due shards and runs their callbacks itself, while idle
+// workers take shards and chunks of a flood from it (expiry.go).
 //
 // Guarantees:
 //   - Never early: a callback never starts before the moment of the call plus its delay, read
 //     from the monotonic clock; deadlines are rounded up to the tick.
 //   - Exactly once: every accepted timer ends in exactly one of: its callback ran once, one
 //     Timer.Stop reported true, or it was counted in the value Wheel.Stop returned.
-//   - Bounded goroutines: one clock goroutine plus WithWorkers workers, whatever the load.
+//   - Bounded goroutines: WithWorkers workers (one with WithWorkers(0); none with a manual clock
+//     and WithWorkers(0)), whatever the load.
 //   - AfterFuncArg followed by Timer.Stop allocates nothing in steady state.
 //
 // One Wheel per process is the normal use: it is sharded already, and each Wheel owns goroutines.
@@ -62,17 +65,21 @@ type Wheel struct {
 	// round; the pad keeps those writes off the producers' line.
 	_ [cacheLineSize]byte
 
-	// The advancer: the clock goroutine, or the caller of ManualClock.Advance holding advMu.
+	// The manual advancer: the caller of ManualClock.Advance holding advMu.
 	advMu    sync.Mutex   // serialises manual advances with each other and with Stop
-	advancer atomic.Int64 // goroutine id of the advancer while it runs (for Stop from a callback)
-	batch    []ref        // entries fired in the current round; owned by the advancer
-	// stopDeferred: Stop ran inside a callback on the advancer, which must finish the shutdown.
-	// Written and read only on the advancer's goroutine.
+	advancer atomic.Int64 // goroutine id of the manual advancer while it runs (for Stop from a callback)
+	batch    []ref        // entries fired in the current round; owned by the manual advancer
+	// stopDeferred: Stop ran inside a callback on the manual advancer, which must finish the
+	// shutdown. Written and read only on the advancer's goroutine.
 	stopDeferred bool
-	target       atomic.Int64 // tick the clock goroutine sleeps until; awake while it works
-	wake         chan struct{}
-	quit         chan struct{}
-	clockDone    chan struct{}
+
+	// The system clock's expiry side (expiry.go).
+	groups []group       // immutable slice; see group
+	keeper atomic.Bool   // held by the worker that keeps time (expiry.go)
+	target atomic.Int64  // tick the keeper sleeps until; awake while no keeper sleeps
+	wake   chan struct{} // producers signal the keeper: an earlier deadline (cap 1)
+	nudge  chan struct{} // release signals idle workers: the keeper role is free (cap 1)
+	quit   chan struct{} // closed by Stop: workers finish what they hold and exit
 
 	stopOnce sync.Once
 	stopped  chan struct{} // closed when the first Stop has finished
@@ -82,7 +89,8 @@ type Wheel struct {
 	pending                   atomic.Int64 // only with WithMaxPending; shared by design
 }
 
-// New starts a Wheel: its clock goroutine (none with a ManualClock) and its worker pool. An
+// New starts a Wheel and its workers (one with WithWorkers(0) on the system clock, which runs
+// the callbacks; none with a ManualClock and WithWorkers(0), where Advance runs them). An
 // invalid option returns a nil Wheel and an error that names the option and the value.
 func New(opts ...Option) (*Wheel, error) {
 	o := defaultOptions()
@@ -106,25 +114,25 @@ func New(opts ...Option) (*Wheel, error) {
 	if m, ok := o.clock.(*ManualClock); ok {
 		w.manual = m
 		w.manualBase = m.elapsed.Load()
-		w.target.Store(awake) // nobody to wake: Advance drives the wheel
 	} else {
 		w.base = time.Now()
-		w.target.Store(never)
-		w.wake = make(chan struct{}, 1)
-		w.quit = make(chan struct{})
-		w.clockDone = make(chan struct{})
 	}
+	w.target.Store(awake) // no keeper yet; with a manual clock never one: Advance drives the wheel
+	w.wake = make(chan struct{}, 1)
+	w.nudge = make(chan struct{}, 1)
+	w.quit = make(chan struct{})
 	w.shards = make([]*shard, o.shards)
 	for i := range w.shards {
 		w.shards[i] = new(shard)
-		w.shards[i].init(w, o.ringSize)
 	}
-	w.pool.init(o.workers, o.queueSize)
+	w.groups = newGroups(w.shards)
+	for _, s := range w.shards {
+		s.init(w, o.ringSize)
+	}
+	w.pool.init(o.workers, o.queueSize, w.manual != nil)
 	w.startWorkers()
 	if w.manual != nil {
 		w.manual.attach(w)
-	} else {
-		go w.runClock()
 	}
 	return w, nil
 }
@@ -325,30 +333,24 @@ func (w *Wheel) Stop() int {
 func (w *Wheel) stop() int {
 	w.closed.Store(true)
 	self := goid()
-	onAdvancer := w.advancer.Load() == self
-	onWorker := w.isWorker(self)
+	onAdvancer := w.manual != nil && w.advancer.Load() == self
 
-	// 1. Stop the advancer, so that nothing fires from here on. A worker that waits for the clock
-	// goroutine keeps running queued callbacks meanwhile: the clock goroutine may be blocked on
-	// a full queue (Block) that only this worker would empty. Called from a callback that the
-	// advancer itself runs (WithWorkers(0) or CallerRuns), the advancer is up this goroutine's
-	// stack in the middle of a batch: it stops after that batch (advance checks closed) and
-	// then finishes the shutdown (finishStop), since the queue must stay open until then.
+	// 1. With a manual clock, wait for a running Advance (unless Stop is called from a callback
+	// that it runs, WithWorkers(0) or CallerRuns: the advance is up this goroutine's stack in
+	// the middle of a batch; it stops after that batch (advance checks closed) and then
+	// finishes the shutdown, finishStop, since the queue must stay open until then). On the
+	// system clock, workers that advance a shard see closed before their next step.
 	if w.manual != nil {
 		w.manual.detach(w)
 		if !onAdvancer {
 			w.advMu.Lock()
 			defer w.advMu.Unlock()
 		}
-	} else {
-		close(w.quit)
-		if !onAdvancer {
-			w.waitClock(onWorker)
-		}
 	}
 
 	// 2. Close every ring and drop what is pending. A push that claimed its slot before the
-	// close is accepted and is dropped here; one after it returns ErrClosed.
+	// close is accepted and is dropped here; one after it returns ErrClosed. An advancer holds
+	// mu for one bounded step at a time; what that step fired is no longer pending and runs.
 	n := 0
 	for _, s := range w.shards {
 		s.mu.Lock()
@@ -366,32 +368,15 @@ func (w *Wheel) stop() int {
 	return int(w.dropped.Value())
 }
 
-// finishStop lets the workers finish what was handed to them and waits for them (not for the
-// goroutine self, when Stop runs on a worker), then releases later Stop calls.
+// finishStop tells the workers to finish what was handed to them and waits for them to exit
+// (not for the goroutine self, when Stop runs on a worker: it exits after its callback
+// returns), then releases later Stop calls.
 func (w *Wheel) finishStop(self int64) {
-	if w.pool.queue != nil {
-		close(w.pool.queue)
-		for i, done := range w.pool.done {
-			if w.pool.gids[i].Load() != self {
-				<-done
-			}
+	close(w.quit)
+	for i, done := range w.pool.done {
+		if w.pool.gids[i].Load() != self {
+			<-done
 		}
 	}
 	close(w.stopped)
-}
-
-// waitClock waits for the clock goroutine to exit; on a worker it runs queued chunks meanwhile.
-func (w *Wheel) waitClock(onWorker bool) {
-	if !onWorker {
-		<-w.clockDone
-		return
-	}
-	for {
-		select {
-		case <-w.clockDone:
-			return
-		case c := <-w.pool.queue:
-			w.runChunk(c, w.pool.otherFired())
-		}
-	}
 }

@@ -210,16 +210,26 @@ func (w *wheel) popNode() heapNode {
 // advance takes, in order of their start, every bucket that comes due at or before now, and hands
 // each of its entries to expire with elapsed set to the bucket's start. expire either fires the
 // entry or re-inserts it (it is then linked into a lower level, never into the bucket being
-// taken). Afterwards elapsed is now.
-func (w *wheel) advance(now int64, expire func(i uint32, e *entry)) {
+// taken). If it reaches now, elapsed is now and advance reports true.
+//
+// budget bounds the entries visited in one call (0: no bound), so that the holder of the shard's
+// mutex can let go of it between steps of a flood. When the budget runs out first, advance
+// reports false and the wheel is consistent at the bucket it was taking: what is left of that
+// bucket is put back (putBack), elapsed is that bucket's start, and the next call goes on from
+// there. The overflow bucket is always taken whole: a visit may re-park entries in it.
+func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) bool {
 	if now < w.elapsed {
-		return // time never goes backwards; a stale reading is simply early
+		return true // time never goes backwards; a stale reading is simply early
 	}
 	w.target = now
+	left := budget
 	for w.heap.len() > 0 {
 		n := w.heap.top()
 		if n.start > now {
 			break
+		}
+		if budget > 0 && left <= 0 {
+			return false
 		}
 		live := w.live(n)
 		w.popNode()
@@ -231,21 +241,49 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry)) {
 		cur := b.lanes
 		b.lanes = [laneCount]uint32{}
 		w.occupied[n.level] &^= 1 << n.slot
-		w.takeLanes(&cur, expire)
+		limit := 0
+		if budget > 0 && int(n.level) != overflowLv {
+			limit = left
+		}
+		left -= w.takeLanes(&cur, expire, limit)
+		if cur != ([laneCount]uint32{}) {
+			w.putBack(n, &cur)
+			return false
+		}
 	}
 	w.elapsed = now
+	return true
 }
 
-// takeLanes hands every entry of the lists in cur to expire, unlinked. It steps all lanes
-// together: first the next pointers of every lane's current entry are loaded (independent
-// loads, so their cache misses overlap), then the entries, now cached, are expired one by one.
-// expire may link an entry into another bucket; next was read before, so the walk is unaffected.
-func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry)) {
+// putBack links the untaken rest of a bucket's lanes, cur, back into the bucket of node n, which
+// advance took and which nothing was inserted into since (see advance), and queues it again.
+func (w *wheel) putBack(n heapNode, cur *[laneCount]uint32) {
+	b := &w.buckets[n.level][n.slot]
+	for ln, i := range cur {
+		if i != 0 {
+			b.lanes[ln] = i
+			w.slab.at(i).prev = laneRef(int(n.level), int(n.slot), uint8(ln))
+		}
+	}
+	w.occupied[n.level] |= 1 << n.slot
+	b.start = n.start
+	b.queued = true
+	w.heap.push(n)
+}
+
+// takeLanes hands the entries of the lists in cur to expire, unlinked, and returns how many it
+// handed. It steps all lanes together: first the next pointers of every lane's current entry are
+// loaded (independent loads, so their cache misses overlap), then the entries, now cached, are
+// expired one by one. expire may link an entry into another bucket; next was read before, so the
+// walk is unaffected. With limit > 0 it stops once it has handed limit entries (or up to
+// laneCount-1 more) and leaves in cur what it did not take; otherwise cur ends empty.
+func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry), limit int) int {
 	var (
 		ids [laneCount]uint32
 		es  [laneCount]*entry
 	)
-	for {
+	taken := 0
+	for limit <= 0 || taken < limit {
 		ids = *cur
 		live := false
 		for ln, i := range ids {
@@ -258,16 +296,18 @@ func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry
 			}
 		}
 		if !live {
-			return
+			break
 		}
 		for ln, e := range es {
 			if e != nil {
 				e.next, e.prev = 0, 0
 				w.count--
+				taken++
 				expire(ids[ln], e)
 			}
 		}
 	}
+	return taken
 }
 
 // forEach calls fn for every linked entry. Used by Wheel.Stop and tests.
@@ -319,8 +359,10 @@ func (w *wheel) verify() error {
 			if b.start < w.elapsed {
 				return fmt.Errorf("level %d slot %d: start %d before elapsed %d", lv, sl, b.start, w.elapsed)
 			}
+			// A bucket whose start is elapsed is one that advance took in part and put back (any
+			// level), or level 0's bucket of the tick in progress.
 			maps := lv == overflowLv ||
-				slotFor(b.start, lv) == sl && (b.start == w.elapsed && lv == 0 || levelFor(w.elapsed, b.start) == lv)
+				slotFor(b.start, lv) == sl && (b.start == w.elapsed || levelFor(w.elapsed, b.start) == lv)
 			if !maps {
 				return fmt.Errorf("level %d slot %d: start %d does not map here from elapsed %d", lv, sl, b.start, w.elapsed)
 			}

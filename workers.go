@@ -2,28 +2,49 @@ package shardwheel
 
 import (
 	"log"
+	"math"
+	"math/bits"
 	"runtime/debug"
+	"time"
 
 	"go.uber.org/atomic"
 )
 
-// The worker pool: a fixed number of goroutines that take chunks of expired entries from one
-// bounded channel and run their callbacks. A flood of a million expiring timers runs on these
-// goroutines, never on one goroutine per timer. Workers block only on the channel, so a wheel
+// The worker pool: a fixed number of goroutines that keep time, advance due shards and run
+// callbacks (expiry.go says who does what when). Work that one worker cannot do at once (a due
+// shard beyond its first, the chunks of a flood) travels through one bounded channel of chunks,
+// which idle workers take from. Workers block only on channels and their keeper timer, so a wheel
 // inside a testing/synctest bubble is durably idle when nothing is due.
 //
 // The queue's bound is WithQueueSize callbacks: chunks hold at most chunkCap callbacks and the
-// channel holds queueSize/chunkCap chunks. When it is full the FullPolicy applies: Block waits,
-// CallerRuns runs the chunk on the dispatching goroutine. Neither loses a callback.
+// channel holds queueSize/chunkCap chunks. A worker that finds it full runs the chunk itself
+// (it is a worker: that is the wait for room). With a manual clock the Advance caller dispatches
+// and the FullPolicy applies: Block waits, CallerRuns runs the chunk on the caller. Neither loses
+// a callback.
 type pool struct {
-	queue    chan *chunk     // nil when workers == 0
+	queue    chan *chunk     // nil when workers == 0: the wheel's one goroutine runs everything
 	chunkCap int             // immutable
 	done     []chan struct{} // done[i] is closed when worker i exits
 	gids     []atomic.Int64  // gids[i] is worker i's goroutine id, for Wheel.Stop
-	// fired[i] counts the callbacks started by worker i; fired[workers] those started by any
-	// other goroutine (the advancer, a caller-runs dispatch, a Stop that helps). Each is written
-	// mostly by one goroutine, so counting a fire touches no shared line; Stats sums them.
-	fired []paddedCounter
+	// ws[i] is worker i's own counters and buffers; ws[len(done)] is shared by every other
+	// goroutine that runs callbacks (the Advance caller, a caller-runs dispatch, a Stop that
+	// helps). Stats sums the counters.
+	ws []worker
+}
+
+// worker holds what one worker goroutine counts and reuses. The counters are atomic because
+// Stats reads them; each is written by one goroutine (the "other" slot: by one at a time, in
+// practice), so counting touches no shared line. The rest is owned by the worker's goroutine.
+type worker struct {
+	fired  paddedCounter // callbacks started
+	pushed atomic.Uint64 // callbacks this goroutine put in the queue
+	taken  atomic.Uint64 // callbacks this goroutine took from the queue
+	late   [histBuckets]atomic.Uint64
+
+	due   []*shard    // the shards the keeper claimed; owned by the worker
+	batch []ref       // what the current advance step fired; owned by the worker
+	timer *time.Timer // the keeper's sleep, made on first use; owned by the worker
+	_     [cacheLineSize]byte
 }
 
 // paddedCounter is an atomic counter alone on its cache line.
@@ -32,33 +53,41 @@ type paddedCounter struct {
 	_ [cacheLineSize - 8]byte
 }
 
-func (p *pool) init(workers, queueSize int) {
-	p.fired = make([]paddedCounter, workers+1)
-	if workers == 0 {
-		return
+// histBuckets is the number of lateness buckets: [0] under 1µs, [i] in [2^(i-1), 2^i) µs, the
+// last also everything longer (as Stats.Lateness).
+const histBuckets = 32
+
+// observe counts one callback start that was late ns nanoseconds.
+func (wk *worker) observe(ns int64) {
+	i := 0
+	if ns >= 1000 {
+		i = min(bits.Len64(uint64(ns/1000)), histBuckets-1)
 	}
-	p.chunkCap = min(maxChunk, queueSize)
-	p.queue = make(chan *chunk, max(1, queueSize/p.chunkCap))
-	p.done = make([]chan struct{}, workers)
-	p.gids = make([]atomic.Int64, workers)
+	wk.late[i].Inc()
+}
+
+// init sizes the pool: goroutines workers that run callbacks (at least one on the system clock,
+// which keeps time; none with a manual clock and WithWorkers(0), where Advance's caller runs them).
+func (p *pool) init(workers, queueSize int, manual bool) {
+	n := workers
+	if n == 0 && !manual {
+		n = 1
+	}
+	p.ws = make([]worker, n+1)
+	p.done = make([]chan struct{}, n)
+	p.gids = make([]atomic.Int64, n)
 	for i := range p.done {
 		p.done[i] = make(chan struct{})
+	}
+	p.chunkCap = min(maxChunk, queueSize)
+	if workers > 0 {
+		p.queue = make(chan *chunk, max(1, queueSize/p.chunkCap))
 	}
 }
 
 func (w *Wheel) startWorkers() {
 	for i := range w.pool.done {
 		go w.work(i)
-	}
-}
-
-// work is worker i's loop. It exits when Wheel.Stop closes the queue and the queue is empty.
-func (w *Wheel) work(i int) {
-	defer close(w.pool.done[i])
-	w.pool.gids[i].Store(goid())
-	fired := &w.pool.fired[i]
-	for c := range w.pool.queue {
-		w.runChunk(c, fired)
 	}
 }
 
@@ -72,66 +101,109 @@ func (w *Wheel) isWorker(g int64) bool {
 	return false
 }
 
-// dispatch hands a batch of firing entries to the workers, or runs them here with WithWorkers(0).
-// Only the advancer calls it, with no lock held. A batch is cut into chunks so that each worker
-// gets a share: one entry per chunk when few timers fire, up to chunkCap in a flood.
-func (w *Wheel) dispatch(batch []ref) {
-	fired := w.pool.otherFired()
+// other is the counters' slot of goroutines other than the workers.
+func (p *pool) other() *worker { return &p.ws[len(p.ws)-1] }
+
+// totals sums the counters of every slot: callbacks started, queued and not yet taken, and the
+// lateness histogram.
+func (p *pool) totals() (fired uint64, queued int, late [histBuckets]uint64) {
+	var pushed, taken uint64
+	for i := range p.ws {
+		wk := &p.ws[i]
+		fired += wk.fired.n.Load()
+		pushed += wk.pushed.Load()
+		taken += wk.taken.Load()
+		for j := range late {
+			late[j] += wk.late[j].Load()
+		}
+	}
+	if pushed > taken {
+		queued = int(pushed - taken)
+	}
+	return fired, queued, late
+}
+
+// offer puts a chunk in the queue if there is room and reports whether it did. Never blocks.
+func (w *Wheel) offer(wk *worker, c *chunk) bool {
 	if w.pool.queue == nil {
-		w.runRefs(batch, fired)
+		return false
+	}
+	n := uint64(c.n) // once sent, the chunk is the taker's
+	select {
+	case w.pool.queue <- c:
+		wk.pushed.Add(n)
+		return true
+	default:
+		return false
+	}
+}
+
+// dispatch hands a batch of firing entries to the workers, or runs them here with WithWorkers(0).
+// Only a manual clock's Advance calls it, with no lock held. A batch is cut into chunks so that
+// each worker gets a share: one entry per chunk when few timers fire, up to chunkCap in a flood.
+func (w *Wheel) dispatch(batch []ref) {
+	other := w.pool.other()
+	if w.pool.queue == nil {
+		w.runRefs(batch, other)
 		return
 	}
 	per := max(1, min(w.pool.chunkCap, len(batch)/len(w.pool.done)))
 	for i := 0; i < len(batch); i += per {
-		c := chunkPool.Get().(*chunk)
-		c.n = copy(c.es[:per], batch[i:])
-		if w.opts.policy == CallerRuns {
-			select {
-			case w.pool.queue <- c:
-			default:
-				w.runChunk(c, fired)
-			}
+		c := newChunk(batch[i:min(i+per, len(batch))])
+		if w.opts.policy == CallerRuns && !w.offer(other, c) {
+			w.runChunk(c, other)
 			continue
 		}
-		w.pool.queue <- c
+		if w.opts.policy != CallerRuns {
+			n := uint64(c.n)
+			w.pool.queue <- c
+			other.pushed.Add(n)
+		}
 	}
 }
 
-// otherFired is the counter of fires on goroutines other than the workers.
-func (p *pool) otherFired() *paddedCounter { return &p.fired[len(p.fired)-1] }
-
-// firedTotal sums the fired counters.
-func (p *pool) firedTotal() uint64 {
-	var n uint64
-	for i := range p.fired {
-		n += p.fired[i].n.Load()
-	}
-	return n
+// newChunk returns a pooled chunk holding refs (at most maxChunk).
+func newChunk(refs []ref) *chunk {
+	c := chunkPool.Get().(*chunk)
+	c.n = copy(c.es[:], refs)
+	return c
 }
 
-// runChunk runs the entries of a chunk, counting fires in fired, and returns the chunk to its pool.
-func (w *Wheel) runChunk(c *chunk, fired *paddedCounter) {
-	w.runRefs(c.es[:c.n], fired)
+// runChunk runs the entries of a chunk on worker slot wk and returns the chunk to its pool.
+func (w *Wheel) runChunk(c *chunk, wk *worker) {
+	w.runRefs(c.es[:c.n], wk)
 	clear(c.es[:c.n])
 	c.n = 0
 	chunkPool.Put(c)
 }
 
-// runRefs runs fired entries in order and returns the ones it frees to their slabs together.
-func (w *Wheel) runRefs(refs []ref, fired *paddedCounter) {
+// runRefs runs fired entries in order and returns the ones it frees to their slabs together. It
+// reads the clock once, for the lateness of the whole batch.
+func (w *Wheel) runRefs(refs []ref, wk *worker) {
 	var fb freeBatch
+	now := w.nanos()
 	for _, r := range refs {
-		w.runEntry(r, fired, &fb)
+		w.runEntry(r, wk, now, &fb)
 	}
 	fb.flush()
 }
 
+// lateness returns how late a callback starting at reading now is for a deadline at tick when.
+func (w *Wheel) lateness(now, when int64) int64 {
+	if when > math.MaxInt64/w.tick {
+		return 0 // at the end of time
+	}
+	return max(0, now-when*w.tick)
+}
+
 // runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry is freed
 // into fb before its callback starts (fb returns it to its slab after the chunk); a periodic one
-// stays until its run is over (every.go).
-func (w *Wheel) runEntry(r ref, fired *paddedCounter, fb *freeBatch) {
+// stays until its run is over (every.go). The start is counted in wk, with its lateness against
+// the clock reading now.
+func (w *Wheel) runEntry(r ref, wk *worker, now int64, fb *freeBatch) {
 	e := r.e
 	ev, periodic := e.arg.(*every) // a periodic entry has an *every as its argument (timer.go)
+	when := e.when.Load()          // the entry is firing: only a Reset's failed attempt may race
 	for {
 		s := e.state.Load()
 		switch {
@@ -140,14 +212,16 @@ func (w *Wheel) runEntry(r ref, fired *paddedCounter, fb *freeBatch) {
 			return
 		case periodic:
 			if e.state.CompareAndSwap(s, withState(s, stRunning)) {
-				w.runPeriodic(r, ev, fired, fb)
+				wk.observe(w.lateness(now, when))
+				w.runPeriodic(r, ev, &wk.fired, fb)
 				return
 			}
 		default:
 			f, arg := e.f, e.arg
 			if e.state.CompareAndSwap(s, withState(s, stFree)) {
 				fb.add(&r.s.slab, r.i, e)
-				fired.n.Inc()
+				wk.fired.n.Inc()
+				wk.observe(w.lateness(now, when))
 				w.releasePending(1)
 				w.call(f, arg)
 				return
@@ -175,4 +249,13 @@ func (w *Wheel) handlePanic(r any) {
 		}
 	}()
 	w.opts.onPanic(r)
+}
+
+// firedTotal sums the callbacks started.
+func (p *pool) firedTotal() uint64 {
+	var n uint64
+	for i := range p.ws {
+		n += p.ws[i].fired.n.Load()
+	}
+	return n
 }

@@ -1,0 +1,339 @@
+package shardwheel
+
+import (
+	"math"
+	"time"
+
+	"go.uber.org/atomic"
+)
+
+// The expiry side on the system clock: who sleeps, who advances, who runs callbacks.
+//
+// A Wheel has a fixed set of workers (WithWorkers of them, one with WithWorkers(0)) and no other
+// goroutine. At any moment at most one worker is the keeper (Wheel.keeper): it sleeps until the
+// earliest deadline of any group of shards, or until a producer signals an earlier one. When
+// something is due, it claims the due shards (shard.claimed), gives up the role so that an idle
+// worker keeps time while it works (release: the next keeper is nudged awake), and becomes the
+// advancer of those shards: it offers all but the first to idle workers through the queue, and
+// advances its own in bounded steps (stepBudget entries per hold of shard.mu), running what fired
+// itself when it is little and offering chunks of it to idle workers when it is a flood. So a
+// deadline is one goroutine wake-up from its callback, no goroutine or channel sits on the path
+// of every expired timer, and a flood spreads over every worker (the runtime runs a P's timers
+// on that P; Tokio a worker's wheel on that worker; here any idle worker steals).
+//
+// A wake looks at groups, not shards: each group summarises up to groupSize shards with a lower
+// bound of their next deadlines (group.next), kept by producers and advancers with a CAS-min
+// (shard.noteDeadline, publishGroup) and recomputed by the keeper when the group comes due
+// (collect). The keeper's cost per wake grows with the number of groups, a sixty-fourth of the
+// shards, plus the shards of the groups that are due.
+//
+// With a manual clock there is no keeper: ManualClock.Advance advances every shard on its
+// caller's goroutine (clock.go) and the workers only run the chunks it dispatches.
+
+// groupSize is the most shards one group summarises.
+const groupSize = 64
+
+// stepBudget bounds the entries one advance step visits under shard.mu, so that a producer that
+// finds its ring full (and drains it itself under mu) never waits behind a whole flood.
+const stepBudget = 4 * maxChunk
+
+// group is the keeper's summary of consecutive shards.
+type group struct {
+	// next is a lower bound of the next of every shard of the group that is not claimed (ticks).
+	// Atomic: lowered by CAS by producers (noteDeadline) and advancers (publishGroup); stored
+	// (never, then the recomputed minimum) only by the keeper, in collect.
+	next   atomic.Int64
+	shards []*shard // immutable
+	_      [cacheLineSize - 8 - 24]byte
+}
+
+// newGroups makes the groups of shards.
+func newGroups(shards []*shard) []group {
+	gs := make([]group, (len(shards)+groupSize-1)/groupSize)
+	for i := range gs {
+		g := &gs[i]
+		g.next.Store(never)
+		g.shards = shards[i*groupSize : min((i+1)*groupSize, len(shards))]
+		for _, s := range g.shards {
+			s.g = g
+		}
+	}
+	return gs
+}
+
+// signal wakes the keeper if it sleeps. Any goroutine may call it.
+func (w *Wheel) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// work is worker i's loop. It takes queued work first; else it tries to become the keeper; else
+// it sleeps until work is queued or the keeper lets go of the role. Once Stop has closed quit it
+// runs what is left in the queue and exits: every chunk a worker queues is queued before that
+// worker's own last look at the queue, so nothing handed to the pool is left behind.
+func (w *Wheel) work(i int) {
+	defer close(w.pool.done[i])
+	w.pool.gids[i].Store(goid())
+	wk := &w.pool.ws[i]
+	for {
+		select {
+		case c := <-w.pool.queue: // a nil queue (WithWorkers(0)) is never ready
+			w.runTask(wk, c)
+			continue
+		default:
+		}
+		if isClosed(w.quit) {
+			for {
+				select {
+				case c := <-w.pool.queue:
+					w.runTask(wk, c)
+					continue
+				default:
+				}
+				return
+			}
+		}
+		if w.manual == nil && w.keeper.CompareAndSwap(false, true) {
+			w.keep(wk)
+			continue
+		}
+		select {
+		case c := <-w.pool.queue:
+			w.runTask(wk, c)
+		case <-w.nudge:
+		case <-w.quit:
+		}
+	}
+}
+
+// runTask runs one chunk taken from the queue: a due shard to advance, or callbacks.
+func (w *Wheel) runTask(wk *worker, c *chunk) {
+	if s := c.adv; s != nil {
+		now := c.now
+		c.adv = nil
+		chunkPool.Put(c)
+		w.advanceShard(wk, s, now, true)
+		return
+	}
+	wk.taken.Add(uint64(c.n))
+	w.runChunk(c, wk)
+}
+
+// keep is the keeper's loop; the caller holds the role (w.keeper). It returns having let go of
+// the role: after it advanced what came due (it gives up the role first, so time is kept while
+// it works), after it took work from the queue, or once Stop has closed quit.
+//
+// The sleep (numbered for noteDeadline's argument, shard.go):
+//  1. target is awake: producers do not signal.
+//  2. collect claims what is due now; if anything is, release and advance it.
+//  3. store target = the earliest group.next, then read every group.next once more: a producer
+//     that lowered one before step 3's store is seen by that read; one after it reads the
+//     target and signals. If anything is earlier than the target, or due already, go round.
+//  4. sleep until the target's tick, a signal, queued work or quit; then back to 1.
+func (w *Wheel) keep(wk *worker) {
+	for {
+		w.target.Store(awake)
+		now := w.tickAt(w.nanos())
+		var next int64
+		if wk.due, next = w.collect(now, wk.due[:0]); len(wk.due) > 0 {
+			w.release()
+			w.advanceDue(wk, now)
+			clear(wk.due)
+			return
+		}
+		w.target.Store(next)
+		if w.minGroups() < next {
+			continue
+		}
+		cur := w.nanos()
+		if next <= w.tickAt(cur) {
+			continue
+		}
+		var fire <-chan time.Time
+		if next <= math.MaxInt64/w.tick { // else nothing is due before the end of time
+			d := time.Duration(next*w.tick - cur)
+			if wk.timer == nil {
+				wk.timer = time.NewTimer(d)
+			} else {
+				wk.timer.Reset(d)
+			}
+			fire = wk.timer.C
+		}
+		select {
+		case <-fire:
+			continue
+		case <-w.wake:
+		case c := <-w.pool.queue:
+			w.stopTimer(wk)
+			w.target.Store(awake)
+			w.release()
+			w.runTask(wk, c)
+			return
+		case <-w.quit:
+		}
+		w.stopTimer(wk)
+		if isClosed(w.quit) {
+			w.target.Store(awake)
+			w.release()
+			return
+		}
+	}
+}
+
+// stopTimer stops the keeper's timer of wk, if it has one. Since Go 1.23 a stopped timer's
+// channel never delivers a stale value, so nothing needs draining.
+func (w *Wheel) stopTimer(wk *worker) {
+	if wk.timer != nil {
+		wk.timer.Stop()
+	}
+}
+
+// release lets go of the keeper role and nudges an idle worker to take it. target is awake
+// already (no producer signals a keeper that is not there; the next one reads every group).
+// The nudge channel holds one token: if it is full, a worker will take that token after this
+// release, and so try for the role after it.
+func (w *Wheel) release() {
+	w.keeper.Store(false)
+	select {
+	case w.nudge <- struct{}{}:
+	default:
+	}
+}
+
+// collect appends to due the shards that are due at tick now and that it could claim,
+// recomputes the next of every group it looked into, and returns the earliest next over all
+// groups as it leaves them. Only the keeper calls it.
+//
+// For each group that may be due: 1. store never in g.next; 2. read each shard's next: a due
+// shard is claimed (a shard that is already claimed is its advancer's, which publishes its next
+// when it is done), a later one counts toward the minimum; 3. lower g.next to that minimum.
+// A producer or advancer that lowers a shard's next after step 2 read it lowers g.next after
+// step 1 (noteDeadline), so step 3's CAS-min keeps the lower value.
+func (w *Wheel) collect(now int64, due []*shard) ([]*shard, int64) {
+	first := int64(never)
+	for gi := range w.groups {
+		g := &w.groups[gi]
+		if n := g.next.Load(); n > now {
+			first = min(first, n)
+			continue
+		}
+		g.next.Store(never)
+		m := int64(never)
+		for _, s := range g.shards {
+			n := s.next.Load()
+			if n > now {
+				m = min(m, n)
+				continue
+			}
+			if s.claimed.CompareAndSwap(false, true) {
+				due = append(due, s)
+			}
+		}
+		lowerTo(&g.next, m)
+		first = min(first, g.next.Load())
+	}
+	return due, first
+}
+
+// minGroups returns the earliest next over all groups.
+func (w *Wheel) minGroups() int64 {
+	m := int64(never)
+	for gi := range w.groups {
+		m = min(m, w.groups[gi].next.Load())
+	}
+	return m
+}
+
+// advanceDue advances the shards the keeper claimed, wk.due, to tick now: all but the first are
+// offered to idle workers (a queue without room leaves them to this one).
+func (w *Wheel) advanceDue(wk *worker, now int64) {
+	mine := wk.due[:1]
+	for _, s := range wk.due[1:] {
+		c := chunkPool.Get().(*chunk)
+		c.adv, c.now = s, now
+		if !w.offer(wk, c) {
+			c.adv = nil
+			chunkPool.Put(c)
+			mine = append(mine, s) // overwrites an element the loop has read already
+		}
+	}
+	for i, s := range mine {
+		w.advanceShard(wk, s, now, i == len(mine)-1)
+	}
+}
+
+// advanceShard advances a shard that the caller claimed to tick now, in steps of stepBudget
+// entries, each under one hold of s.mu; after the last it lets go of the claim and publishes
+// the shard's next into its group. What a step fired goes in chunks to idle workers while more
+// work follows, and runs here otherwise (last reports whether this is the caller's last shard).
+// No callback runs here while the shard is claimed: if the queue has no room for a step's
+// chunks, the claim is let go of first (the shard is still due, so the keeper hands it out
+// again), so a slow callback never holds up a shard's later timers.
+// After Stop it advances no further: what fired already runs, what is pending is Stop's.
+func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, last bool) {
+	for {
+		done := true
+		if !w.closed.Load() {
+			s.mu.Lock()
+			done = s.advanceLocked(now, stepBudget)
+			wk.batch = append(wk.batch[:0], s.fired...)
+			clear(s.fired)
+			s.fired = s.fired[:0]
+			s.mu.Unlock()
+		}
+		rest := w.offerFired(wk, wk.batch, done && last)
+		if len(rest) > 0 {
+			done = true
+		}
+		if done {
+			s.claimed.Store(false)
+			w.publishGroup(s)
+		}
+		w.runRefs(rest, wk)
+		clear(wk.batch)
+		wk.batch = wk.batch[:0]
+		if done {
+			return
+		}
+	}
+}
+
+// publishGroup lowers the group's next to the shard's, after the shard's advancer let go of it,
+// and signals the keeper if that is earlier than its target.
+func (w *Wheel) publishGroup(s *shard) {
+	n := s.next.Load()
+	if lowerTo(&s.g.next, n) && n < w.target.Load() {
+		w.signal()
+	}
+}
+
+// offerFired offers what one advance step fired to idle workers, in shares of up to chunkCap
+// entries and no fewer than minShare (a few timers run here rather than pay a hand-off each),
+// and returns what is left for the caller to run: the last share when keepLast is set (nothing
+// else waits for the caller), and everything from the first share the queue had no room for.
+func (w *Wheel) offerFired(wk *worker, refs []ref, keepLast bool) []ref {
+	if len(refs) == 0 || w.pool.queue == nil {
+		return refs
+	}
+	per := min(w.pool.chunkCap, max(minShare, len(refs)/len(w.pool.done)))
+	for len(refs) > 0 {
+		n := min(per, len(refs))
+		if keepLast && n == len(refs) {
+			return refs
+		}
+		c := newChunk(refs[:n])
+		if !w.offer(wk, c) {
+			c.n = 0
+			clear(c.es[:n])
+			chunkPool.Put(c)
+			return refs
+		}
+		refs = refs[n:]
+	}
+	return refs
+}
+
+// minShare is the fewest callbacks that offerFired hands to another worker together.
+const minShare = 8

@@ -1,0 +1,151 @@
+package shardwheel_test
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	sw "github.com/shardwheel/shardwheel"
+)
+
+// BenchmarkFirePhase measures the expiry side alone: a million callbacks are armed beforehand
+// (from two goroutines), all due at one instant T, and fire-ms is the time from T to the last
+// callback. Run at procs=1 and procs=2 (GOMAXPROCS while the wheel is built and fires), beside
+// the runtime's time.AfterFunc: the wheel's figure should drop with the second P.
+//
+//	go test -run '^$' -bench BenchmarkFirePhase -benchtime 3x -count 6 .
+func BenchmarkFirePhase(b *testing.B) {
+	const n = 1_000_000
+	lead := 1500 * time.Millisecond // time to arm them all before T (the runtime needs about 1 s at procs=1)
+	for _, procs := range []int{1, 2} {
+		for _, impl := range []string{"wheel", "runtime"} {
+			b.Run(fmt.Sprintf("impl=%s/procs=%d", impl, procs), func(b *testing.B) {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+				var total time.Duration
+				for it := 0; it < b.N; it++ {
+					var w *sw.Wheel
+					if impl == "wheel" {
+						var err error
+						if w, err = sw.New(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					var left atomic.Int64
+					left.Store(n)
+					var last atomic.Int64
+					done := make(chan struct{})
+					f := func() {
+						if left.Add(-1) == 0 {
+							last.Store(time.Now().UnixNano())
+							close(done)
+						}
+					}
+					fa := func(any) { f() }
+					t0 := time.Now().Add(lead)
+					var wg sync.WaitGroup
+					for g := 0; g < 2; g++ {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							for i := 0; i < n/2; i++ {
+								d := time.Until(t0)
+								if w != nil {
+									if _, err := w.AfterFuncArg(d, fa, nil); err != nil {
+										panic(err)
+									}
+								} else {
+									time.AfterFunc(d, f)
+								}
+							}
+						}()
+					}
+					wg.Wait()
+					if time.Now().After(t0) {
+						b.Fatalf("arming took longer than %v", lead)
+					}
+					<-done
+					total += time.Duration(last.Load() - t0.UnixNano())
+					if w != nil {
+						w.Stop()
+					}
+					runtime.GC()
+				}
+				b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "fire-ms")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
+// BenchmarkEveryCPU measures what one Every(1ms) costs in CPU per second of wall time, with 2
+// shards and with 4096: the keeper looks at groups of shards, so the figure should barely grow.
+// The runtime's time.Ticker is the baseline.
+//
+//	go test -run '^$' -bench BenchmarkEveryCPU -count 6 .
+func BenchmarkEveryCPU(b *testing.B) {
+	const window = 500 * time.Millisecond
+	run := func(b *testing.B, start func(f func()) (stop func())) {
+		var cpu time.Duration
+		for it := 0; it < b.N; it++ {
+			runtime.GC()
+			var runs atomic.Int64
+			stop := start(func() { runs.Add(1) })
+			runtime.GC() // what New allocated is not the series' cost
+			c0 := cpuTime()
+			time.Sleep(window)
+			cpu += cpuTime() - c0
+			stop()
+			if runs.Load() == 0 {
+				b.Fatal("no run")
+			}
+		}
+		b.ReportMetric(float64(cpu.Microseconds())/1e3/float64(b.N)/window.Seconds(), "cpu-ms/s")
+		b.ReportMetric(0, "ns/op")
+	}
+	for _, shards := range []int{2, 4096} {
+		b.Run(fmt.Sprintf("impl=wheel/shards=%d", shards), func(b *testing.B) {
+			run(b, func(f func()) func() {
+				w, err := sw.New(sw.WithShards(shards))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := w.Every(time.Millisecond, f); err != nil {
+					b.Fatal(err)
+				}
+				return func() { w.Stop() }
+			})
+		})
+	}
+	b.Run("impl=runtime", func(b *testing.B) {
+		run(b, func(f func()) func() {
+			t := time.NewTicker(time.Millisecond)
+			done := make(chan struct{})
+			exited := make(chan struct{})
+			go func() {
+				defer close(exited)
+				for {
+					select {
+					case <-t.C:
+						f()
+					case <-done:
+						return
+					}
+				}
+			}()
+			return func() { t.Stop(); close(done); <-exited }
+		})
+	})
+}
+
+// cpuTime returns the CPU time (user and system) the process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
