@@ -40,6 +40,10 @@ type Config struct {
 	CtxCheckN   int // deadline contexts in the context correctness check
 	GoZeroCap   int // go-zero is not run above this many pending timers (0 = no cap)
 	Procs       int // GOMAXPROCS: the producers of every workload but scaling
+
+	Rates               []int         // arms per second of the sustained workload's ladder
+	SustainedDur        time.Duration // how long each rate is held
+	SustainedBackground int           // timers pending an hour out meanwhile
 }
 
 // configFor returns the sizes of a mode: "quick", "default" or "full".
@@ -50,6 +54,7 @@ func configFor(mode string) Config {
 		FloodSpread: 100 * time.Millisecond, Grace: 5 * time.Second, Idle: 2 * time.Second,
 		Producers: []int{1, 2, 4, 8, 16, 32, 64}, CheckN: 200_000, CheckSpread: 50 * time.Millisecond,
 		KeyedN: 100_000, CtxCheckN: 50_000, GoZeroCap: 1_000_000, Procs: runtime.GOMAXPROCS(0),
+		Rates: []int{50_000, 250_000, 500_000, 1_000_000}, SustainedDur: time.Second, SustainedBackground: 1_000_000,
 	}
 	switch mode {
 	case "quick":
@@ -57,6 +62,7 @@ func configFor(mode string) Config {
 		c.Pending, c.BigN, c.FloodN = []int{0, 10_000}, 100_000, 100_000
 		c.Grace, c.Idle, c.Producers = 3*time.Second, 250*time.Millisecond, []int{1, 8, 64}
 		c.CheckN, c.KeyedN, c.CtxCheckN = 20_000, 10_000, 5_000
+		c.Rates, c.SustainedDur, c.SustainedBackground = []int{50_000, 250_000}, 300*time.Millisecond, 100_000
 	case "full":
 		c.Reps, c.PairTime, c.Idle = 5, 300*time.Millisecond, 3*time.Second
 		c.HugeN, c.CheckN, c.KeyedN, c.CtxCheckN = 10_000_000, 1_000_000, 1_000_000, 200_000
@@ -141,7 +147,8 @@ func main() {
 	check(res.writeJSON(jsonPath))
 	check(plotPairs(res, filepath.Join(dir, "pairs.svg")))
 	check(plotLateness(res, filepath.Join(dir, "lateness.svg")))
-	fmt.Fprintf(os.Stderr, "bench: %s run took %.0f s; wrote %s, results.md, pairs.svg, lateness.svg in %s\n",
+	check(plotSustained(res, filepath.Join(dir, "sustained.svg")))
+	fmt.Fprintf(os.Stderr, "bench: %s run took %.0f s; wrote %s, results.md, pairs.svg, lateness.svg, sustained.svg in %s\n",
 		mode, res.Meta.DurationS, jsonPath, dir)
 
 	if bad := res.ourDefects(); bad > 0 {
@@ -164,10 +171,15 @@ func plan(cfg Config, res *Results) []task {
 	for _, n := range cfg.Pending {
 		maxN = max(maxN, n)
 	}
-	var slab []Rec
+	var slab, sustained []Rec
 	var hs []Handle
+	maxRate := 0
+	for _, rate := range cfg.Rates {
+		maxRate = max(maxRate, rate)
+	}
 	alloc := func() error { // once, before any implementation, so it never counts against one
 		slab, hs = newSlab(maxN), make([]Handle, maxN)
+		sustained = newSlab(int(int64(maxRate)*int64(cfg.SustainedDur)/int64(time.Second)) + 1)
 		return nil
 	}
 	tasks := []task{{"allocating timer records", alloc}}
@@ -253,6 +265,9 @@ func plan(cfg Config, res *Results) []task {
 				return nil
 			}})
 		}
+		tasks = append(tasks, sustainedTasks(cfg, res, r, order,
+			func() ([]Rec, []Handle) { return slab, hs },
+			func() []Rec { return sustained })...)
 		for _, k := range order {
 			tasks = append(tasks, task{r + "keyed re-arm: " + k.String(), func() error {
 				kr, err := runKeyed(k, cfg.KeyedN, cfg.Procs, cfg.PairTime, cfg.CheckSpread, cfg.Grace, slab)
@@ -263,7 +278,7 @@ func plan(cfg Config, res *Results) []task {
 			}})
 		}
 	}
-	tasks = append(tasks, task{"done", func() error { slab, hs = nil, nil; return nil }})
+	tasks = append(tasks, task{"done", func() error { slab, hs, sustained = nil, nil, nil; return nil }})
 	return tasks
 }
 
