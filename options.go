@@ -24,7 +24,9 @@ const (
 	defaultQueueSize = 8192 // callbacks waiting for a worker before the FullPolicy applies
 )
 
-// FullPolicy says what the dispatcher does when the worker pool's queue is full.
+// FullPolicy says what the caller of ManualClock.Advance does when the worker pool's queue is
+// full. On the system clock the dispatchers are the workers themselves, and a worker that finds
+// the queue full runs the callbacks itself under either policy (that is its wait for room).
 // No policy loses a callback.
 type FullPolicy int
 
@@ -32,8 +34,7 @@ const (
 	// Block makes the dispatcher wait for room in the queue. Timers keep their order, and
 	// nothing is lost; while it waits, later timers are dispatched late.
 	Block FullPolicy = iota
-	// CallerRuns makes the dispatching goroutine (the wheel's clock goroutine, or the caller of
-	// ManualClock.Advance) run the callback itself.
+	// CallerRuns makes the dispatching goroutine run the callback itself.
 	CallerRuns
 )
 
@@ -122,9 +123,11 @@ func WithShards(n int) Option {
 	}
 }
 
-// WithWorkers sets the number of goroutines that run callbacks (default runtime.GOMAXPROCS(0)).
-// 0 runs callbacks on the goroutine that advances time: the clock goroutine, or the caller of
-// ManualClock.Advance; a slow callback then delays every later timer.
+// WithWorkers sets the number of goroutines that keep time and run callbacks (default
+// runtime.GOMAXPROCS(0)); the wheel starts no other. 0 runs callbacks on the goroutine that
+// advances time: the wheel's one goroutine, or the caller of ManualClock.Advance; a slow
+// callback then delays every later timer. With n >= 2, a callback that blocks holds up no timer
+// but those of its own batch: another worker keeps time meanwhile.
 func WithWorkers(n int) Option {
 	return func(o *options) error {
 		if n < 0 || n > maxWorkers {
