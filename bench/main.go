@@ -80,6 +80,7 @@ func main() {
 		slots = flag.Int("gozero-slots", goZeroSlots, "slots of go-zero's wheel (its tick is 1ms)")
 		gzCap = flag.Int("gozero-cap", -1, "run go-zero at most at this many pending timers (-1 = mode default, 0 = no cap)")
 		idleP = flag.String("idle-profile", "", "write a CPU profile of every idle-CPU window to this directory")
+		only  = flag.String("only", "", "run only the tasks whose name contains this (e.g. sustained, flood, pairs)")
 	)
 	flag.Parse()
 	mode := "default"
@@ -119,6 +120,15 @@ func main() {
 	start := time.Now()
 	res := newResults(cfg, "go -C bench run . "+strings.Join(os.Args[1:], " "))
 	tasks := plan(cfg, res)
+	if *only != "" {
+		kept := tasks[:0]
+		for _, t := range tasks {
+			if strings.Contains(t.name, *only) || t.name == "allocating timer records" || t.name == "done" {
+				kept = append(kept, t)
+			}
+		}
+		tasks = kept
+	}
 	bar := progressbar.NewOptions(len(tasks),
 		progressbar.OptionSetWriter(os.Stderr),
 		progressbar.OptionSetWidth(30),
