@@ -166,7 +166,7 @@ func (w *Wheel) runClock() {
 		}
 		w.target.Store(awake)
 		w.advance()
-		next := w.minNext()
+		next := min(w.minNext(), w.trimIdle()) // issue 11: give idle chunks back (trim.go)
 		w.target.Store(next)
 		if w.minNext() < next {
 			continue // a producer lowered a shard's next before it could see the target
@@ -212,6 +212,7 @@ func (w *Wheel) advanceManual() {
 	self := goid()
 	w.advancer.Store(self)
 	w.advance()
+	w.trimIdle() // issue 11: give idle chunks back (trim.go)
 	w.advancer.Store(0)
 	if w.stopDeferred {
 		w.finishStop(self)
