@@ -170,6 +170,9 @@ func plan(cfg Config, res *Results) []task {
 		slab, hs = newSlab(maxN), make([]Handle, maxN)
 		return nil
 	}
+	if *burstOnly {
+		return burstTasks(cfg, res) // -burst: the burst alone (burst.go)
+	}
 	tasks := []task{{"allocating timer records", alloc}}
 	kinds := []Kind{Runtime, Shardwheel, GoZero}
 	capped := func(k Kind, n int) bool { return k == GoZero && cfg.GoZeroCap > 0 && n > cfg.GoZeroCap }
@@ -264,6 +267,7 @@ func plan(cfg Config, res *Results) []task {
 		}
 	}
 	tasks = append(tasks, task{"done", func() error { slab, hs = nil, nil; return nil }})
+	tasks = append(tasks, burstTasks(cfg, res)...) // after "done": the burst allocates its own records
 	return tasks
 }
 
