@@ -327,3 +327,47 @@ func TestTrimRacesTimers(t *testing.T) {
 	require.Equal(t, uint64(fired.Load()), s.Fired)
 	require.Equal(t, uint64(stopsTrue.Load()), s.Stopped)
 }
+
+// TestTrimKeepsGenerationsAbove reuses a few entries many times (their gens climb), lets the
+// trimmer release their chunk, and checks that the entries of the chunk that replaces it start
+// above every gen a stale handle holds.
+func TestTrimKeepsGenerationsAbove(t *testing.T) {
+	w, clk := manualWheel(t, sw.WithShards(1))
+	noop := func(any) {}
+	var last []sw.Timer
+	for range 50 {
+		last = last[:0]
+		for range 10 {
+			h, err := w.AfterFuncArg(0, noop, nil) // due now: the next Advance drains the shard
+			require.NoError(t, err)
+			last = append(last, h)
+		}
+		for _, h := range last {
+			require.True(t, h.Stop())
+		}
+		clk.Advance(0) // the shard takes the cancels: the entries are free for the next round
+	}
+	high := map[uint32]uint64{}
+	for _, h := range last {
+		i, gen := h.Slot()
+		require.Greater(t, gen, uint64(40), "the entries were reused: their gens climbed")
+		high[i] = gen
+	}
+	clk.Advance(sw.TrimQuiet)
+	clk.Advance(sw.TrimQuiet)
+	require.Zero(t, w.Stats().HeldBytes, "the chunk went back")
+	for range 10 {
+		h, err := w.AfterFuncArg(time.Hour, noop, nil)
+		require.NoError(t, err)
+		i, gen := h.Slot()
+		for _, old := range high {
+			require.Greater(t, gen, old, "index %d: a new gen at or below a stale handle's", i)
+		}
+		require.True(t, h.Stop())
+	}
+	for _, h := range last {
+		require.False(t, h.Stop())
+		require.False(t, h.Reset(time.Second))
+	}
+	requireBalance(t, w)
+}
