@@ -70,8 +70,9 @@ func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPendi
 //     and by Timer.Reset; read by the shard that holds the entry. While the entry is free it is
 //     the free stack's link instead (pool.go).
 //   - f, arg: written by the producer before the entry is published through the ring (the ring's
-//     sequence store orders them), read by the worker that runs it; immutable between. A
-//     periodic entry (Every) has f nil and an *every as arg.
+//     sequence store orders them), read by the worker that runs it; immutable between, until
+//     cleared by the Stop that moves the entry from pending to stopped (see Stop) or by whoever
+//     frees it. A periodic entry (Every) has f nil and an *every as arg.
 //   - next, prev: the entry's links in its bucket lane (wheel.go), by slab index; owned by the
 //     shard goroutine (whoever holds shard.mu). prev is 0 exactly when the entry is not linked.
 //

@@ -19,6 +19,11 @@ import (
 // trimmed and unchanged, it sleeps as before (an idle wheel stays idle). So a burst's chunks are
 // back within trimQuiet + 2*trimLook after its last timer ended (7 s), and the cost of a trim,
 // one walk of the shard's free list, is paid at most once per trimQuiet of quiet.
+//
+// What a trim costs: about 8 ms per million free entries (measured on the 2-core test machine,
+// ring drain included). A producer that finds the free stack empty meanwhile waits in grow for
+// growMu; since a trim runs only on a shard quiet for trimQuiet, that is the first producer after
+// a quiet spell, once.
 
 // trimQuiet and trimLook: see above. Variables only so that tests can shorten them
 // (export_test.go); they are not changed while a wheel runs.
