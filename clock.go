@@ -161,6 +161,7 @@ func (w *Wheel) advanceManual() {
 	self := goid()
 	w.advancer.Store(self)
 	w.advance()
+	w.trimIdle() // issue 11: give idle chunks back (trim.go)
 	w.advancer.Store(0)
 	if w.stopDeferred {
 		w.finishStop(self)

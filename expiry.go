@@ -143,6 +143,7 @@ func (w *Wheel) keep(wk *worker) {
 			clear(wk.due)
 			return
 		}
+		next = min(next, w.trimIdle()) // give idle chunks back (trim.go): the keeper is its advancer
 		w.target.Store(next)
 		if w.minGroups() < next {
 			continue

@@ -2,6 +2,7 @@ package shardwheel
 
 import (
 	"fmt"
+	"time"
 	"unsafe"
 )
 
@@ -124,15 +125,35 @@ func (w *Wheel) Verify() error {
 }
 
 // SlabCapacity returns how many entries the shards' slabs hold, free or in use.
-func (w *Wheel) SlabCapacity() int {
-	n := 0
+func (w *Wheel) SlabCapacity() int { return int(w.heldBytes() / chunkBytes * slabChunkLen) }
+
+// ChunkBytes is what one chunk of entries holds.
+const ChunkBytes = chunkBytes
+
+// SetTrimDelays sets trimQuiet and trimLook and returns the func that restores them. Tests that
+// call it must not run in parallel, and must start their wheels after it.
+func SetTrimDelays(quiet, look time.Duration) (restore func()) {
+	oq, ol := trimQuiet, trimLook
+	trimQuiet, trimLook = quiet, look
+	return func() { trimQuiet, trimLook = oq, ol }
+}
+
+// TrimQuiet is how long a shard must be quiet before the advancer trims it.
+var TrimQuiet = trimQuiet
+
+// TrimNow trims every shard at once, as the advancer does after trimQuiet, and returns the
+// bytes given back. Any goroutine may call it, also while the wheel runs.
+func (w *Wheel) TrimNow() int64 {
+	n := int64(0)
 	for _, s := range w.shards {
-		if p := s.slab.chunks.Load(); p != nil {
-			n += len(*p) * slabChunkLen
-		}
+		f, _ := s.trim()
+		n += f
 	}
 	return n
 }
+
+// Slot returns the timer's slab index and generation.
+func (t Timer) Slot() (uint32, uint64) { return t.i, t.gen }
 
 // SetSlabCap lowers how many entries a shard's slab may grow to (a multiple of SlabChunkLen) and
 // returns the func that restores it. Tests that call it must not run in parallel.

@@ -2,16 +2,18 @@ package shardwheel
 
 import (
 	"fmt"
+	"slices"
 	"sync"
+	"unsafe"
 
 	"go.uber.org/atomic"
 )
 
-// Entries live in a per-shard slab: chunks of slabChunkLen entries that are never freed while the
-// shard lives, addressed by a 32-bit index. The index is what lets an entry be 48 bytes: with two
-// 8-byte pointer links it needs 56, which a heap object rounds up to the 64-byte size class. The
-// wheel links entries by index (wheel.go). A chunk is one 48 KiB object whose only pointers are
-// each entry's callback and argument: the garbage collector scans chunks and follows no links.
+// Entries live in a per-shard slab: chunks of slabChunkLen entries, addressed by a 32-bit index.
+// The index is what lets an entry be 48 bytes: with two 8-byte pointer links it needs 56, which a
+// heap object rounds up to the 64-byte size class. The wheel links entries by index (wheel.go). A
+// chunk is one 48 KiB object whose only pointers are each entry's callback and argument: the
+// garbage collector scans chunks and follows no links.
 //
 // Free entries form a lock-free stack (Treiber's) per shard. Its head packs a 32-bit tag, bumped
 // by every push and pop so that a CAS can never succeed on a head that was popped and pushed
@@ -28,8 +30,24 @@ import (
 // freed twice. An entry's gen survives freeing: arming bumps it, which makes every Timer that
 // still names the entry stale.
 //
-// The slab keeps its high-water mark: after a burst of a million pending timers the shard keeps
-// their entries for the next burst, as a free list, and AfterFuncArg + Stop allocate nothing.
+// Chunks come and go. A burst grows the slab; once the shard has been quiet for trimQuiet, the
+// trimmer (trim.go) takes the whole free stack, gives back to the Go heap every chunk all of whose
+// entries were on it, and pushes the rest back lowest chunk first, so that new timers fill the
+// low chunks and the high ones drain for the next trim (the runtime's mcentral prefers partly
+// used spans for the same reason). Between trims, AfterFuncArg + Stop allocates nothing. The
+// invariants that keep handles and commands safe across a release:
+//   - Every index on the free stack names an entry of a live chunk: trim takes a chunk's entries
+//     off the stack before it releases the chunk, and only the owner of a live entry frees it.
+//   - A released chunk's slot in the table names deadChunk, never nil: at(i) is always a valid
+//     entry, so a stale Timer, a stale reset command or a pop that lost its race reads a real
+//     state word there (gen 0, which no Timer holds: the first arming of an entry is gen 1) and
+//     does nothing. deadChunk is never written.
+//   - Generations never repeat: trim raises genFloor to the highest gen in each chunk it
+//     releases, and grow starts every entry of a new chunk at genFloor, so every gen a new chunk
+//     hands out is above every gen a Timer into a released one may hold.
+//   - The table is copy-on-write under growMu (grow, trim): a reader holding an old table reads
+//     an old chunk, which the garbage collector keeps while it is read; its entries hold only
+//     gens of past armings, so a handle acting on it finds them over and does nothing.
 const (
 	slabChunkBits = 10
 	slabChunkLen  = 1 << slabChunkBits
@@ -58,14 +76,26 @@ func (errSlabFull) Unwrap() error { return ErrTooManyTimers }
 
 type slabChunk [slabChunkLen]entry
 
+// chunkBytes is the memory one chunk holds: what Stats.HeldBytes counts per chunk.
+const chunkBytes = int64(unsafe.Sizeof(slabChunk{}))
+
+// deadChunk stands in for every released chunk (see the invariants above). Read-only.
+var deadChunk slabChunk
+
+// slab is a shard's entries. free is touched by producers and freers; the rest by grow and trim
+// under growMu (held is read by Stats).
 type slab struct {
 	free   atomic.Uint64                // tag<<32 | index of the top free entry
-	chunks atomic.Pointer[[]*slabChunk] // chunk c holds indices c<<slabChunkBits ...; grows only
-	growMu sync.Mutex                   // serialises grow
+	chunks atomic.Pointer[[]*slabChunk] // chunk c holds indices c<<slabChunkBits ...; copy-on-write
+	growMu sync.Mutex                   // serialises grow and trim
+	// genFloor is at least every gen of every entry of every chunk released so far; guarded by
+	// growMu. held is chunkBytes times the live chunks: written under growMu, read by Stats.
+	genFloor uint64
+	held     atomic.Int64
 }
 
 // at returns the entry with index i (i != 0, handed out by alloc). Any goroutine may call it.
-// The chunk table is replaced, never modified below its length, so a stale table is still right.
+// The chunk table is replaced, never modified, so a stale table is still a valid one.
 func (sl *slab) at(i uint32) *entry {
 	return &(*sl.chunks.Load())[i>>slabChunkBits][i&slabChunkMask]
 }
@@ -116,16 +146,32 @@ func (sl *slab) grow() (i uint32, e *entry, full bool) {
 	if p := sl.chunks.Load(); p != nil {
 		cur = *p
 	}
-	n := uint32(len(cur))
-	if uint64(n+1)<<slabChunkBits > slabCap {
+	// The lowest slot that trim emptied, else a new one at the end: keep the slab low.
+	n := len(cur)
+	if k := slices.Index(cur, &deadChunk); k >= 0 {
+		n = k
+	}
+	if n == len(cur) && uint64(n+1)<<slabChunkBits > slabCap {
 		return 0, nil, true
 	}
 	c := new(slabChunk)
-	// append may write past the old slice's length in its backing array; readers holding the
-	// old table never index past their length, so they are unaffected.
-	next := append(cur, c)
+	if sl.genFloor != 0 {
+		for j := range c { // free, at the floor: the first arming is above any released gen
+			c[j].state.Store(sl.genFloor << genShift)
+		}
+	}
+	var next []*slabChunk
+	if n == len(cur) {
+		// append may write past the old slice's length in its backing array; readers holding
+		// the old table never index past their length, so they are unaffected.
+		next = append(cur, c)
+	} else {
+		next = slices.Clone(cur) // readers of cur may be reading slot n: never write it
+		next[n] = c
+	}
 	sl.chunks.Store(&next)
-	base := n << slabChunkBits
+	sl.held.Add(chunkBytes)
+	base := uint32(n) << slabChunkBits
 	first := base
 	if first == 0 {
 		first = 1 // index 0 means none; the first entry of the first chunk stays unused

@@ -69,6 +69,9 @@ type Wheel struct {
 	advMu    sync.Mutex   // serialises manual advances with each other and with Stop
 	advancer atomic.Int64 // goroutine id of the manual advancer while it runs (for Stop from a callback)
 	batch    []ref        // entries fired in the current round; owned by the manual advancer
+	// trim gives idle chunks back (trim.go); owned by the advancer: the manual one, or the keeper
+	// (one worker at a time; the role's hand-over, an atomic store and CAS, orders their uses).
+	trim trimmer
 	// stopDeferred: Stop ran inside a callback on the manual advancer, which must finish the
 	// shutdown. Written and read only on the advancer's goroutine.
 	stopDeferred bool
@@ -273,6 +276,7 @@ type Stats struct {
 	Stopped   uint64 // timers for which Timer.Stop reported true
 	Rejected  uint64 // scheduling calls that returned an error
 	Panics    uint64 // callbacks that panicked
+	HeldBytes int64  // memory the wheel holds for timers: entry chunks in use or kept for reuse
 	Dropped   uint64 // timers pending at Wheel.Stop, which never run (the sum of what Stop returned)
 	Shards    int    // number of shards
 	Workers   int    // number of worker goroutines
@@ -288,6 +292,7 @@ func (w *Wheel) Stats() Stats {
 		Shards:   len(w.shards),
 		Workers:  w.opts.workers,
 	}
+	st.HeldBytes = w.heldBytes()
 	for _, s := range w.shards {
 		st.Scheduled += s.scheduled.Load()
 		st.Stopped += s.stopped.Load()

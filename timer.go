@@ -70,8 +70,9 @@ func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPendi
 //     and by Timer.Reset; read by the shard that holds the entry. While the entry is free it is
 //     the free stack's link instead (pool.go).
 //   - f, arg: written by the producer before the entry is published through the ring (the ring's
-//     sequence store orders them), read by the worker that runs it; immutable between. A
-//     periodic entry (Every) has f nil and an *every as arg.
+//     sequence store orders them), read by the worker that runs it; immutable between, until
+//     cleared by the Stop that moves the entry from pending to stopped (see Stop) or by whoever
+//     frees it. A periodic entry (Every) has f nil and an *every as arg.
 //   - next, prev: the entry's links in its bucket lane (wheel.go), by slab index; owned by the
 //     shard goroutine (whoever holds shard.mu). prev is 0 exactly when the entry is not linked.
 //
@@ -130,6 +131,16 @@ func (t Timer) Stop() bool {
 				continue
 			}
 			if isState(w, stPending) {
+				// Let go of the callback now, not when the shard gets to the command below
+				// (on a quiet shard, that may be the timer's deadline). No other goroutine
+				// reads f or arg of this arming from here on: the shard reads only state and
+				// when; no worker has the entry (a worker gets it only from the shard, which
+				// moves it to firing, which our CAS rules out; the worker that re-armed an
+				// Every read them before its CAS to pending, which ours read); and the entry is
+				// freed, and so written by a next producer, only when the shard takes this
+				// command, which the ring orders after these writes. From firing or running,
+				// the worker still reads them: it frees the entry itself, without delay.
+				e.f, e.arg = nil, nil
 				// The entry is in the ring or the wheel; the shard unlinks and frees it when it
 				// takes this command. If the ring was closed by Wheel.Stop, nobody needs it.
 				t.s.send(t.i, t.gen, opCancel)

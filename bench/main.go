@@ -192,6 +192,9 @@ func plan(cfg Config, res *Results) []task {
 		sustained = newSlab(int(int64(maxRate)*int64(cfg.SustainedDur)/int64(time.Second)) + 1)
 		return nil
 	}
+	if *burstOnly {
+		return burstTasks(cfg, res) // -burst: the burst alone (burst.go)
+	}
 	tasks := []task{{"allocating timer records", alloc}}
 	kinds := []Kind{Runtime, Shardwheel, GoZero}
 	capped := func(k Kind, n int) bool { return k == GoZero && cfg.GoZeroCap > 0 && n > cfg.GoZeroCap }
@@ -289,6 +292,7 @@ func plan(cfg Config, res *Results) []task {
 		}
 	}
 	tasks = append(tasks, task{"done", func() error { slab, hs, sustained = nil, nil, nil; return nil }})
+	tasks = append(tasks, burstTasks(cfg, res)...) // after "done": the burst allocates its own records
 	return tasks
 }
 

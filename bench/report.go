@@ -211,6 +211,7 @@ func (r *Results) rows() []row {
 		row{"keyed_move_allocs", "keyed Move allocs/op"},
 		row{"keyed_set_ns", fmt.Sprintf("keyed re-arm by Set, ns/op, %s keys", count(cfg.KeyedN))},
 		row{"keyed_set_allocs", "keyed Set allocs/op"})
+	rs = append(rs, burstRows(cfg)...)
 	return rs
 }
 

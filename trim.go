@@ -1,0 +1,201 @@
+package shardwheel
+
+import (
+	"slices"
+	"time"
+)
+
+// Giving memory back. A burst of timers grows a shard's slab (pool.go) by 48 KiB chunks; once
+// those timers are over, their entries sit on the free stack. The trimmer gives the chunks back
+// to the Go heap when their shard has been quiet for trimQuiet: no entry taken from or returned
+// to its slab, as told by the free stack's tag, which every push and pop bumps. So a shard in
+// steady use keeps its chunks (its next timers reuse them; AfterFuncArg + Stop allocates nothing),
+// and a burst's chunks go back seconds after the last of its timers ended.
+//
+// The trimmer runs on the advancer, after an advance (the keeper in keep, advanceManual): it looks at
+// every slab at most once per trimLook, reading one word each, so it costs nothing on the
+// producers' path and next to nothing on the advancer's. While some slab has changed since it
+// was last trimmed, the clock goroutine sleeps at most until the next look; once every slab is
+// trimmed and unchanged, it sleeps as before (an idle wheel stays idle). So a burst's chunks are
+// back within trimQuiet + 2*trimLook after its last timer ended (7 s), and the cost of a trim,
+// one walk of the shard's free list, is paid at most once per trimQuiet of quiet.
+//
+// What a trim costs: about 8 ms per million free entries (measured on the 2-core test machine,
+// ring drain included). A producer that finds the free stack empty meanwhile waits in grow for
+// growMu; since a trim runs only on a shard quiet for trimQuiet, that is the first producer after
+// a quiet spell, once.
+
+// trimQuiet and trimLook: see above. Variables only so that tests can shorten them
+// (export_test.go); they are not changed while a wheel runs.
+var (
+	trimQuiet = 5 * time.Second
+	trimLook  = time.Second
+)
+
+// trimmer is the advancer's view of the slabs. Owned by the advancer.
+type trimmer struct {
+	next  int64       // w.nanos() of the next look; 0 before the first
+	slabs []slabWatch // one per shard, made at the first look
+}
+
+// slabWatch follows one slab's free-stack tag. Owned by the advancer.
+type slabWatch struct {
+	tag     uint32 // the tag at the last look
+	since   int64  // w.nanos() of the look that first saw this tag
+	trimmed bool   // tag is the one the last trim left: nothing to give back since
+}
+
+// trimIdle looks at the slabs if trimLook has passed since the last look, trims those that have
+// been quiet for trimQuiet, and returns the tick at which it wants to look again (never if every
+// slab is trimmed and unchanged). Only the advancer calls it, with no lock held.
+func (w *Wheel) trimIdle() int64 {
+	now := w.nanos()
+	t := &w.trim
+	if t.slabs == nil {
+		t.slabs = make([]slabWatch, len(w.shards))
+		for i := range t.slabs {
+			t.slabs[i].trimmed = true // an empty slab: tag 0, nothing held
+		}
+	}
+	if now < t.next {
+		return w.tickAt(t.next) + 1 // a look is due then: it may find a burst since the last
+	}
+	t.next = now + int64(trimLook)
+	if t.next < now {
+		t.next = never // a manual clock near the end of time
+	}
+	watching := false
+	for i, s := range w.shards {
+		sw := &t.slabs[i]
+		if tag := uint32(s.slab.free.Load() >> 32); tag != sw.tag {
+			sw.tag, sw.since, sw.trimmed = tag, now, false
+		}
+		if sw.trimmed {
+			continue
+		}
+		if now-sw.since >= int64(trimQuiet) {
+			_, sw.tag = s.trim() // the tag the trim left: any other push or pop changes it
+			sw.since, sw.trimmed = now, true
+			continue
+		}
+		watching = true
+	}
+	if !watching {
+		return never
+	}
+	return w.tickAt(t.next) + 1
+}
+
+// trim drains the shard's ring, so that the cancels waiting there free their entries, and gives
+// back the slab's chunks whose entries are all free. It returns what slab.trim does. Any
+// goroutine may call it; it takes s.mu for the drain, then growMu.
+func (s *shard) trim() (freed int64, tag uint32) {
+	s.mu.Lock()
+	s.drainLocked()
+	s.mu.Unlock()
+	return s.slab.trim()
+}
+
+// trim gives back to the Go heap every chunk all of whose entries are on the free stack, and
+// pushes the others' free entries back lowest chunk first. It returns the bytes given back and
+// the free stack's tag as its last CAS left it. Any goroutine may call it. The steps:
+//  1. Under growMu, so that no grow or other trim changes the table meanwhile.
+//  2. Take the whole free stack with one CAS (which bumps the tag, so a pop that read the old
+//     head fails its CAS). The taken entries are now the trimmer's alone. Producers that find
+//     the stack empty meanwhile wait in grow for growMu, and then find it refilled; entries
+//     freed meanwhile are pushed onto the empty stack and count as in use here (their chunk is
+//     kept until the next trim).
+//  3. Walk the taken list once, moving each entry onto a list of its own chunk and counting.
+//  4. Release each chunk whose entries were all taken: raise genFloor to its highest gen, and
+//     point its slot at deadChunk in a new table (copy-on-write: see pool.go's invariants).
+//  5. Push the kept chunks' lists back, lowest chunk on top.
+func (sl *slab) trim() (freed int64, tag uint32) {
+	sl.growMu.Lock() // 1
+	defer sl.growMu.Unlock()
+	p := sl.chunks.Load()
+	if p == nil {
+		return 0, uint32(sl.free.Load() >> 32)
+	}
+	tbl := *p
+	var top uint32
+	for { // 2
+		h := sl.free.Load()
+		tag = uint32(h>>32) + 1
+		if sl.free.CompareAndSwap(h, uint64(tag)<<32) {
+			top = uint32(h)
+			break
+		}
+	}
+	heads := make([]uint32, len(tbl)) // 3: per chunk, its list of taken entries
+	tails := make([]*entry, len(tbl))
+	counts := make([]uint32, len(tbl))
+	for i := top; i != 0; {
+		c := i >> slabChunkBits
+		if tbl[c] == &deadChunk {
+			panic("shardwheel: a free entry in a released chunk") // pool.go's first invariant
+		}
+		e := &tbl[c][i&slabChunkMask]
+		next := uint32(e.when.Load())
+		if heads[c] == 0 {
+			tails[c] = e
+		}
+		e.when.Store(int64(heads[c]))
+		heads[c] = i
+		counts[c]++
+		i = next
+	}
+	var released []*slabChunk
+	for c := range tbl { // 4
+		full := uint32(slabChunkLen)
+		if c == 0 {
+			full-- // index 0 is never used
+		}
+		if counts[c] != full {
+			continue
+		}
+		for j := range tbl[c] {
+			sl.genFloor = max(sl.genFloor, genOf(tbl[c][j].state.Load()))
+		}
+		if released == nil {
+			released = slices.Clone(tbl)
+		}
+		released[c] = &deadChunk
+		heads[c] = 0
+		freed += chunkBytes
+	}
+	if released != nil {
+		sl.chunks.Store(&released)
+		sl.held.Add(-freed)
+	}
+	var first uint32 // 5
+	var last *entry
+	for c := len(tbl) - 1; c >= 0; c-- {
+		if heads[c] == 0 {
+			continue
+		}
+		if last == nil {
+			last = tails[c]
+		} else {
+			tails[c].when.Store(int64(first))
+		}
+		first = heads[c]
+	}
+	for last != nil { // freeList, keeping the tag
+		h := sl.free.Load()
+		last.when.Store(int64(uint32(h)))
+		tag = uint32(h>>32) + 1
+		if sl.free.CompareAndSwap(h, uint64(tag)<<32|uint64(first)) {
+			break
+		}
+	}
+	return freed, tag
+}
+
+// heldBytes returns the memory the wheel holds for timers: its live chunks, in use or free.
+func (w *Wheel) heldBytes() int64 {
+	n := int64(0)
+	for _, s := range w.shards {
+		n += s.slab.held.Load()
+	}
+	return n
+}
