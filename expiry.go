@@ -135,6 +135,9 @@ func (w *Wheel) runTask(wk *worker, c *chunk) {
 func (w *Wheel) keep(wk *worker) {
 	for {
 		w.target.Store(awake)
+		// Give idle chunks back (trim.go): the keeper is the trimmer's advancer. It looks at the
+		// slabs at most once a second, also while timers keep coming due.
+		trimAt := w.trimIdle()
 		now := w.tickAt(w.nanos())
 		var next int64
 		if wk.due, next = w.collect(now, wk.due[:0]); len(wk.due) > 0 {
@@ -143,7 +146,7 @@ func (w *Wheel) keep(wk *worker) {
 			clear(wk.due)
 			return
 		}
-		next = min(next, w.trimIdle()) // give idle chunks back (trim.go): the keeper is its advancer
+		next = min(next, trimAt)
 		w.target.Store(next)
 		if w.minGroups() < next {
 			continue
