@@ -268,6 +268,13 @@ type Stats struct {
 	Dropped   uint64 // timers pending at Wheel.Stop, which never run (the sum of what Stop returned)
 	Shards    int    // number of shards
 	Workers   int    // number of worker goroutines
+	Queued    int    // callbacks handed to the worker pool and not yet started
+	// HeldBytes is the memory the wheel holds for timers: entries in use, or kept for reuse.
+	HeldBytes int64
+	// Lateness counts how late each callback started, against its deadline rounded up to the
+	// tick: every start once (each run of an Every, each context deadline, each Keyed fire), so
+	// that once the wheel is quiet Lateness.Count() == Fired.
+	Lateness Histogram
 }
 
 // Stats returns a snapshot of the counters. It takes no lock.
