@@ -6,24 +6,49 @@ import (
 	"time"
 )
 
-// every is the argument of a periodic entry: the user's func and its interval. Immutable after
-// Every. The shard a run re-arms on is the one the entry lives in (ref.s).
+// every is the argument of a periodic entry: the user's func, its interval, and where the series
+// stands. The shard a run re-arms on is the one the entry lives in (ref.s).
+//
+// f and interval are immutable. due, when and version are written by Every before the entry is
+// published, and then only by runPeriodic, on the goroutine that holds the entry in state
+// running: exactly one goroutine wins firing -> running, runs of one Every never overlap, and the
+// entry goes back to pending (a CAS, then the add command through the ring) only after those
+// writes, so the next run's goroutine, which reaches the entry through that CAS and the ring,
+// sees them. Timer.Reset never touches them: a Reset shows in the entry itself (a new version in
+// the state word and a new deadline in when), which runPeriodic compares with version and when.
 type every struct {
 	f        func()
 	interval time.Duration
+
+	// due is the instant, in nanoseconds on the wheel's clock and not rounded to the tick, the
+	// current run is due at: Every's reading plus the interval for the first run, and then whole
+	// intervals later (the fixed rate), unless a Reset moved the run (see runPeriodic).
+	due int64
+	// when is the tick runPeriodic armed the current run for; 0 for the first run, which
+	// schedule arms from its own reading of the clock.
+	when int64
+	// version is the version of the state word when the current run was armed (a new arming
+	// starts at 0); a Reset bumps it.
+	version uint64
 }
 
-// Every runs f every interval until the returned Timer is stopped; the first run is due one
-// interval from now. The delay is fixed from the start of the previous run: the next run is due
-// one interval after the previous run started, and is armed only when that run has returned, so
-// runs of one Every never overlap and never pile up behind a slow f (a run that took longer than
-// the interval is followed at once by the next).
+// Every runs f every interval until the returned Timer is stopped, at a fixed rate, as
+// time.Ticker does: the k-th run is due k intervals after the call, and never starts earlier
+// (its deadline is rounded up to the tick, as AfterFunc's is), so the series does not drift by
+// the tick or by the time a run takes to start. Runs of one Every never overlap and never pile
+// up: the next run is armed when the previous one has returned, and if later runs came due
+// meanwhile (f took longer than the interval, or the run started late), they are skipped, and
+// the next run is the first one due after the previous run ended.
 //
 // The Timer's Stop reports true if it prevented a run that was still to come, also while a run is
-// in progress (that run completes; no other starts). Reset moves the next run while the series
-// waits for it. Every returns an error naming the value for an interval <= 0, ErrNilFunc for a nil
-// f, and as AfterFunc after Stop or past WithMaxPending. In Stats, each run counts once in
-// Scheduled and once in Fired, so the balance holds.
+// in progress (that run completes; no other starts). Reset(d) moves the next run to d from now
+// while the series waits for it, and the series then keeps its rate from there: the runs after
+// it are due whole intervals after the tick that run was due at (d rounded up to the tick, or the
+// tick in progress for d <= 0).
+//
+// Every returns an error naming the value for an interval <= 0, ErrNilFunc for a nil f, and as
+// AfterFunc after Stop or past WithMaxPending. In Stats, each run counts once in Scheduled and
+// once in Fired, so the balance holds.
 func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 	if f == nil {
 		return w.reject(ErrNilFunc)
@@ -32,7 +57,10 @@ func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 		w.rejected.Inc()
 		return Timer{}, fmt.Errorf("shardwheel: Every(%v): interval must be positive", durationArg(interval))
 	}
-	return w.schedule(nil, &every{f: f, interval: interval}, interval)
+	// schedule reads the clock again, no earlier than here: the first run is due no earlier
+	// than due, rounded up to the tick.
+	ev := &every{f: f, interval: interval, due: satAddNanos(w.nanos(), int64(interval))}
+	return w.schedule(nil, ev, interval)
 }
 
 // runPeriodic runs one run of an Every; the worker has moved the entry from firing to running.
@@ -40,13 +68,21 @@ func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 // the run (running -> stopped, counted as stopped) keeps Scheduled == Fired + Stopped + Pending.
 // After f it re-arms the entry (running -> pending) with the same gen, so the Timer stays valid,
 // unless a Stop came first; then it frees the entry into fb, which nothing else refers to.
+//
+// The fixed rate. 1. Before f: if a Reset moved this run (the state word's version or the entry's
+// deadline differs from what the series armed), the series re-bases at the tick the run was due
+// at. 2. After f, one clock reading: the next run is due whole intervals after this one, the
+// first such instant strictly after that reading (those at or before it are skipped, as
+// time.Ticker drops the ticks a slow receiver missed). All arithmetic saturates at the end of
+// time (math.MaxInt64 ns).
 func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatch) {
 	e, s := r.e, r.s
 	fired.n.Inc()
 	s.scheduled.Inc()
-	start := w.nanos()
+	if tick := e.when.Load(); e.state.Load()&versionMask != ev.version || ev.when != 0 && tick != ev.when {
+		ev.due = w.tickStart(tick) // 1. a Reset moved this run
+	}
 	w.call(callFunc, ev.f)
-	when := w.deadlineFrom(start, ev.interval)
 	if w.manual != nil && w.manual.elapsed.Load() == math.MaxInt64 {
 		// A manual clock at the end of time cannot move again, and every deadline is due there:
 		// re-arming would run the series forever inside one Advance. The series ends here and
@@ -57,6 +93,9 @@ func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatc
 		fb.add(&s.slab, r.i, e)
 		return
 	}
+	step := nextStep(ev.due, w.nanos(), int64(ev.interval)) // 2.
+	when := w.deadlineFrom(ev.due, time.Duration(step))
+	ev.due, ev.when = satAddNanos(ev.due, step), when
 	var gen uint64
 	for {
 		st := e.state.Load()
@@ -65,6 +104,7 @@ func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatc
 			return
 		}
 		e.when.Store(when)
+		ev.version = st & versionMask // the CAS below keeps it; only a Reset changes it
 		if e.state.CompareAndSwap(st, withState(st, stPending)) {
 			gen = genOf(st)
 			break
@@ -79,4 +119,35 @@ func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatc
 		return
 	}
 	s.noteDeadline(when)
+}
+
+// nextStep returns how far after due the next run of a series with the given interval is due:
+// the smallest whole number of intervals, at least one, that lands strictly after end. It
+// saturates at math.MaxInt64. due, end and interval are non-negative, interval > 0.
+func nextStep(due, end, interval int64) int64 {
+	k := int64(1)
+	if end >= due {
+		k = (end-due)/interval + 1
+	}
+	if k > math.MaxInt64/interval {
+		return math.MaxInt64
+	}
+	return k * interval
+}
+
+// tickStart returns the instant, in nanoseconds, at which tick t begins, saturating at the end
+// of time.
+func (w *Wheel) tickStart(t int64) int64 {
+	if t > math.MaxInt64/w.tick {
+		return math.MaxInt64
+	}
+	return t * w.tick
+}
+
+// satAddNanos adds two non-negative nanosecond counts, saturating at math.MaxInt64.
+func satAddNanos(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
 }

@@ -51,7 +51,8 @@ func ExampleWheel_AfterFuncArg() {
 	// stopped with 1 pending
 }
 
-// A periodic flush: every interval, measured from the start of the previous run.
+// A periodic flush at a fixed rate, as time.Ticker ticks: the k-th run is due k intervals after
+// the call to Every.
 func ExampleWheel_Every() {
 	clk := sw.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	w, _ := sw.New(sw.WithClock(clk), sw.WithWorkers(0))

@@ -1,6 +1,7 @@
 package shardwheel
 
 import (
+	"sync"
 	"time"
 
 	"github.com/puzpuzpuz/xsync/v3"
@@ -15,11 +16,19 @@ import (
 // free of locks and allocation, and Compute, an atomic read-modify-write of one key under its
 // bucket's lock, which the protocol below needs and sync.Map lacks.
 //
-// The per-key protocol. An arming is one *keyedTimer: its key, its value and its Timer never
-// change (a new Set makes a new arming). Every decision about a key (install, supersede, remove,
+// The per-key protocol. An arming is one *keyedTimer: its key and its Timer never change; its
+// value changes only when a Set re-arms it in place (step 0). Every decision about a key (install, supersede, remove,
 // fire) is a Compute on that key, so decisions on one key are serialised by its bucket lock; every
 // call into the wheel (AfterFuncArg, Reset, Stop) is made outside that lock, so a callback that
 // waits for the bucket lock never waits for the wheel. The map maps a key to its current arming.
+//  0. Set of an armed key first tries to re-arm its current arming in place, with no allocation:
+//     under the arming's mu it Resets the timer and, only if that succeeded, stores the value.
+//     A callback reads the value under mu after its decision, so it fires with the value of the
+//     Set whose Reset came last before it. A failed Reset (the arming fired, is firing, or was
+//     stopped) changes nothing, and Set goes on to step 1. A Reset that succeeds on an arming
+//     that a concurrent Set or Remove has just displaced is harmless: that Set is ordered before
+//     the one that displaced it, whose Stop of the arming follows (or whose callback finds it
+//     displaced). mu is never held with a bucket lock, nor while a callback runs.
 //  1. Set arms a new arming (its timer may fire at once, even before step 2), then installs it
 //     with Compute and stops the one it displaced, if any. A displaced arming whose callback has
 //     started finds in its Compute that it is no longer current and does not fire.
@@ -43,15 +52,38 @@ type Keyed[K comparable, V any] struct {
 	m       *xsync.MapOf[K, *keyedTimer[K, V]]
 }
 
-// keyedTimer is one arming of a key. key and value are immutable; timer is written by Set
-// before the arming is installed (so every reader that found it in the map sees it); installed
-// and fired are guarded by the map's bucket lock for key (touched only inside Compute on key).
+// keyedTimer is one arming of a key. key is immutable; timer is written by Set before the
+// arming is installed (so every reader that found it in the map sees it) and never again; value
+// is guarded by mu (written by step 0 or before the arming is published, read by the callback
+// and Drain under mu); installed and fired are guarded by the map's bucket lock for key (touched
+// only inside Compute on key).
 type keyedTimer[K comparable, V any] struct {
 	key       K
-	value     V
 	timer     Timer
+	mu        sync.Mutex
+	value     V
 	installed bool
 	fired     bool
+}
+
+// load returns a's value, under its mu.
+func (a *keyedTimer[K, V]) load() V {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.value
+}
+
+// reArm re-arms a in place with value, d from now, and reports whether it did (step 0): only if
+// its timer is still pending, which Reset decides. The value is stored after the Reset, under
+// mu, so a callback that starts in between waits for it.
+func (a *keyedTimer[K, V]) reArm(value V, d time.Duration) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.timer.Reset(d) {
+		return false
+	}
+	a.value = value
+	return true
 }
 
 // NewKeyed returns an empty Keyed on w that calls fire(key, value) on w's worker pool when an
@@ -72,10 +104,15 @@ func NewKeyed[K comparable, V any](w *Wheel, fire func(key K, value V)) *Keyed[K
 // Set arms key to fire with value d from now, or, if key is armed, re-arms it with the new
 // value and delay in its place (the old arming never fires). d <= 0 fires as soon as possible.
 // It returns the wheel's error, ErrClosed after Stop or ErrTooManyTimers past WithMaxPending,
-// and then changes nothing. Re-arming needs room for one more timer, since the new arming is
-// armed before the old one is stopped: at WithMaxPending, Set fails for an armed key too (Move
-// needs no room). Set allocates (the arming and the map's entry); it does not block on the wheel.
+// and then changes nothing. Set of an armed key re-arms its timer in place: it allocates
+// nothing and needs no room under WithMaxPending, as Move. Set of an absent key (or of one whose
+// timer is firing at that moment) arms a new timer: it allocates (the arming and the map's
+// entry) and needs room for one more timer (the new arming is armed before the old one, if any,
+// is stopped). Set does not block on the wheel.
 func (k *Keyed[K, V]) Set(key K, value V, d time.Duration) error {
+	if a, ok := k.m.Load(key); ok && a.reArm(value, d) {
+		return nil
+	}
 	a := &keyedTimer[K, V]{key: key, value: value}
 	t, err := k.w.AfterFuncArg(d, k.onTimer, a)
 	if err != nil {
@@ -142,7 +179,7 @@ func (k *Keyed[K, V]) Drain(fn func(key K, value V)) int {
 		a.timer.Stop()
 		n++
 		if fn != nil {
-			fn(key, a.value)
+			fn(key, a.load())
 		}
 		return true
 	})
@@ -177,6 +214,6 @@ func (k *Keyed[K, V]) expire(arg any) {
 		return cur, !loaded
 	})
 	if fire {
-		k.fire(a.key, a.value)
+		k.fire(a.key, a.load())
 	}
 }

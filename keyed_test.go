@@ -193,6 +193,102 @@ func TestKeyedMoveAllocatesNothing(t *testing.T) {
 	r.requireFiredAt(t, time.Minute, "conn-1=1")
 }
 
+// TestKeyedSetAllocatesNothing: Set of an armed key re-arms it in place, with its new value,
+// and allocates nothing (an idle timeout re-armed with a new value on every packet); it needs no
+// room under WithMaxPending either.
+func TestKeyedSetAllocatesNothing(t *testing.T) {
+	r := newKeyedRig(t, sw.WithMaxPending(1))
+	require.NoError(t, r.k.Set("conn-1", 0, time.Minute))
+	v := 0
+	allocs := testing.AllocsPerRun(10_000, func() {
+		v++
+		if err := r.k.Set("conn-1", v, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	})
+	require.Zero(t, allocs)
+	require.Equal(t, 1, r.w.Len(), "one timer, re-armed in place")
+	require.NoError(t, r.k.Set("conn-1", -1, 2*time.Minute), "an armed key needs no room at WithMaxPending")
+	r.requireFiredAt(t, time.Minute)
+	r.requireFiredAt(t, time.Minute, "conn-1=-1")
+	require.Zero(t, r.k.Len())
+	requireBalance(t, r.w)
+}
+
+// TestKeyedSetNeverLost: one goroutine Sets the same key over and over, due at once or soon,
+// while its timer keeps firing (the manual clock advanced by another goroutine, or the system
+// clock with workers). Each Set either re-arms the arming in place or arms a new one; either way
+// none is lost: the value of the last Set fires, after every other, and no value fires twice.
+func TestKeyedSetNeverLost(t *testing.T) {
+	for _, clock := range []string{"manual", "system"} {
+		t.Run("clock="+clock, func(t *testing.T) {
+			var w *sw.Wheel
+			var err error
+			var mc *sw.ManualClock
+			if clock == "manual" {
+				mc = sw.NewManualClock(time.Now())
+				w, err = sw.New(sw.WithClock(mc), sw.WithWorkers(0))
+			} else {
+				// One worker, so that callbacks run one at a time and the order of the appends
+				// below is the order of the fire decisions. With more, a displaced arming's
+				// callback that decided to fire can append after the next arming's callback.
+				w, err = sw.New(sw.WithWorkers(1), sw.WithTick(50*time.Microsecond))
+			}
+			require.NoError(t, err)
+			defer w.Stop()
+			var mu sync.Mutex
+			var fired []int
+			k := sw.NewKeyed(w, func(_ string, value int) {
+				mu.Lock()
+				fired = append(fired, value)
+				mu.Unlock()
+			})
+			stop := make(chan struct{})
+			var adv sync.WaitGroup
+			if mc != nil {
+				adv.Add(1)
+				go func() {
+					defer adv.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+							mc.Advance(50 * time.Microsecond)
+						}
+					}
+				}()
+			}
+			n := 20_000
+			if testing.Short() {
+				n = 2_000
+			}
+			for i := 1; i <= n; i++ {
+				require.NoError(t, k.Set("k", i, time.Duration(i%3)*50*time.Microsecond))
+			}
+			close(stop)
+			adv.Wait()
+			if mc != nil {
+				mc.Advance(time.Second)
+			}
+			require.Eventually(t, func() bool { return k.Len() == 0 && w.Len() == 0 }, time.Minute, time.Millisecond)
+			mu.Lock()
+			defer mu.Unlock()
+			require.NotEmpty(t, fired)
+			require.Equal(t, n, fired[len(fired)-1], "the last Set's value fires last")
+			seen := map[int]bool{}
+			for i, v := range fired {
+				require.False(t, seen[v], "value %d fired twice", v)
+				seen[v] = true
+				if i > 0 {
+					require.Greater(t, v, fired[i-1], "an older value fired after a newer one")
+				}
+			}
+			t.Logf("%d Sets, %d fires", n, len(fired))
+		})
+	}
+}
+
 // TestKeyedStorm runs the keep-alive storm: goroutines Set, Move and Remove the same few keys at
 // once while time stands still. Afterwards each key is absent or armed once: the wheel holds one
 // timer per armed key (every displaced arming was stopped), and advancing fires each armed key
@@ -326,6 +422,43 @@ func TestKeyedStormWhileFiring(t *testing.T) {
 				require.Equal(t, 1, n, "value %d fired %d times", value, n)
 			}
 			require.LessOrEqual(t, int64(len(fired)), sets.Load())
+		})
+	}
+}
+
+// BenchmarkKeyedSet re-arms armed keys with a new value, as an idle timeout does on every packet,
+// beside Move (the same re-arm, keeping the value): both allocate nothing.
+func BenchmarkKeyedSet(b *testing.B) {
+	const keys = 100_000
+	for _, op := range []string{"set", "move"} {
+		b.Run("op="+op+"/keys=1e5", func(b *testing.B) {
+			w, err := sw.New()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer w.Stop()
+			k := sw.NewKeyed(w, func(int, int) {})
+			for i := range keys {
+				if err := k.Set(i, 0, time.Hour); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var next atomic.Int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(next.Add(1)) * 7919
+				for pb.Next() {
+					if op == "set" {
+						if err := k.Set(i%keys, i, time.Hour); err != nil {
+							b.Error(err)
+						}
+					} else if !k.Move(i%keys, time.Hour) {
+						b.Error("Move of an armed key reported false")
+					}
+					i++
+				}
+			})
 		})
 	}
 }

@@ -29,7 +29,11 @@ import (
 //     it fires when the clock gets there. One whose T+d lies beyond it (only possible when armed at
 //     T > 0 with a huge d) may fire at the end of time or never: the contract leaves it open (the
 //     core has done both), so the model accepts either, and then holds the wheel to what it did;
-//   - an Every run re-arms the series one interval after the run started (the Advance's time).
+//   - Every keeps a fixed rate: its first run is due one interval after the call, and after each
+//     run the next is due whole intervals after the one that ran, the first such instant strictly
+//     after the run ended (the Advance's time): runs due meanwhile are skipped. A Reset moves the
+//     next run as for a one-shot timer, and the series then counts its intervals from the tick
+//     boundary that run was due at.
 
 const (
 	mPending = iota
@@ -45,6 +49,7 @@ type mTimer struct {
 	delay    int64 // ns, as passed (may be <= 0)
 	periodic bool
 	interval int64 // of an Every; a Reset moves only the next run
+	reset    bool  // of an Every: a Reset moved the next run, and the series re-bases at its tick
 	// behind is set when the timer was (re)armed while a Stop paused before its publication held
 	// the timer's shard: its command waits in the ring behind the held slot, so it may fire late,
 	// and must fire at the first Advance after the last hold on its shard is let go.
@@ -278,6 +283,7 @@ func (h *relHarness) reset(i int, d time.Duration) {
 	h.check(got == want, "t%d.Reset(%d) = %v, model says %v (state %d)", mt.id, int64(d), got, want, mt.state)
 	if want {
 		mt.armed, mt.delay = h.m.now, int64(d)
+		mt.reset = mt.periodic
 		mt.behind = h.blocked(mt.handle)
 	}
 	h.checkLen()
@@ -341,7 +347,18 @@ func (h *relHarness) advance(d time.Duration) {
 		mt.runs++
 		h.stats.fired++
 		if mt.periodic {
-			mt.armed, mt.delay = h.m.now, mt.interval // due one interval after this run started
+			// Fixed rate: the run that just ran was due at the instant due (or at the start of
+			// its tick, if a Reset moved it); the next is due the first whole number of
+			// intervals after it that lies strictly after now, when the run ended.
+			due := mt.armed + mt.delay
+			if mt.reset {
+				due, mt.reset = int64(h.m.key(mt))*h.m.tick, false
+			}
+			n := int64(1)
+			if h.m.now >= due {
+				n += (h.m.now - due) / mt.interval
+			}
+			mt.armed, mt.delay = due, satMul(n, mt.interval)
 			mt.behind = h.blocked(mt.handle)
 			h.stats.scheduled++ // each run counts once in Scheduled
 		} else {

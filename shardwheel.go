@@ -276,16 +276,26 @@ type Stats struct {
 	Stopped   uint64 // timers for which Timer.Stop reported true
 	Rejected  uint64 // scheduling calls that returned an error
 	Panics    uint64 // callbacks that panicked
-	HeldBytes int64  // memory the wheel holds for timers: entry chunks in use or kept for reuse
 	Dropped   uint64 // timers pending at Wheel.Stop, which never run (the sum of what Stop returned)
 	Shards    int    // number of shards
 	Workers   int    // number of worker goroutines
+	Queued    int    // callbacks handed to the worker pool and not yet started
+	// HeldBytes is the memory the wheel holds for timers: entry chunks in use, or kept for
+	// reuse until the slab gives them back after a quiet spell (see trim.go).
+	HeldBytes int64
+	// Lateness counts how late each callback started, against its deadline rounded up to the
+	// tick: every start once (each run of an Every, each context deadline, each Keyed fire), so
+	// that once the wheel is quiet Lateness.Count() == Fired.
+	Lateness Histogram
 }
 
 // Stats returns a snapshot of the counters. It takes no lock.
 func (w *Wheel) Stats() Stats {
+	fired, queued, late := w.pool.totals()
 	st := Stats{
-		Fired:    w.pool.firedTotal(),
+		Fired:    fired,
+		Queued:   queued,
+		Lateness: late,
 		Rejected: uint64(w.rejected.Value()),
 		Panics:   uint64(w.panics.Value()),
 		Dropped:  uint64(w.dropped.Value()),

@@ -3,7 +3,6 @@ package shardwheel
 import (
 	"log"
 	"math"
-	"math/bits"
 	"runtime/debug"
 	"time"
 
@@ -36,10 +35,10 @@ type pool struct {
 // Stats reads them; each is written by one goroutine (the "other" slot: by one at a time, in
 // practice), so counting touches no shared line. The rest is owned by the worker's goroutine.
 type worker struct {
-	fired  paddedCounter // callbacks started
-	pushed atomic.Uint64 // callbacks this goroutine put in the queue
-	taken  atomic.Uint64 // callbacks this goroutine took from the queue
-	late   [histBuckets]atomic.Uint64
+	fired  paddedCounter   // callbacks started
+	pushed atomic.Uint64   // callbacks this goroutine put in the queue
+	taken  atomic.Uint64   // callbacks this goroutine took from the queue
+	late   atomicHistogram // how late each callback started; written by the worker, read by Stats
 
 	due   []*shard    // the shards the keeper claimed; owned by the worker
 	batch []ref       // what the current advance step fired; owned by the worker
@@ -53,17 +52,9 @@ type paddedCounter struct {
 	_ [cacheLineSize - 8]byte
 }
 
-// histBuckets is the number of lateness buckets: [0] under 1µs, [i] in [2^(i-1), 2^i) µs, the
-// last also everything longer (as Stats.Lateness).
-const histBuckets = 32
-
 // observe counts one callback start that was late ns nanoseconds.
 func (wk *worker) observe(ns int64) {
-	i := 0
-	if ns >= 1000 {
-		i = min(bits.Len64(uint64(ns/1000)), histBuckets-1)
-	}
-	wk.late[i].Inc()
+	wk.late.observe(time.Duration(ns))
 }
 
 // init sizes the pool: goroutines workers that run callbacks (at least one on the system clock,
@@ -106,16 +97,14 @@ func (p *pool) other() *worker { return &p.ws[len(p.ws)-1] }
 
 // totals sums the counters of every slot: callbacks started, queued and not yet taken, and the
 // lateness histogram.
-func (p *pool) totals() (fired uint64, queued int, late [histBuckets]uint64) {
+func (p *pool) totals() (fired uint64, queued int, late Histogram) {
 	var pushed, taken uint64
 	for i := range p.ws {
 		wk := &p.ws[i]
 		fired += wk.fired.n.Load()
 		pushed += wk.pushed.Load()
 		taken += wk.taken.Load()
-		for j := range late {
-			late[j] += wk.late[j].Load()
-		}
+		wk.late.addTo(&late)
 	}
 	if pushed > taken {
 		queued = int(pushed - taken)

@@ -1,0 +1,18 @@
+package shardwheel
+
+import "time"
+
+// Internals of histogram.go for the black-box tests in package shardwheel_test.
+
+// BucketOf is the bucket index the firing path counts a lateness in.
+var BucketOf = bucketOf
+
+// Observe counts d in h as a worker counts one lateness locally.
+func (h *Histogram) Observe(d time.Duration) { h.observe(d) }
+
+// AtomicHistogram is a worker's shared lateness histogram.
+type AtomicHistogram struct{ h atomicHistogram }
+
+func (a *AtomicHistogram) Observe(d time.Duration) { a.h.observe(d) }
+func (a *AtomicHistogram) AddFrom(o *Histogram)    { a.h.addFrom(o) }
+func (a *AtomicHistogram) Snapshot() (h Histogram) { a.h.addTo(&h); return h }
