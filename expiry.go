@@ -15,11 +15,13 @@ import (
 // something is due, it claims the due shards (shard.claimed), gives up the role so that an idle
 // worker keeps time while it works (release: the next keeper is nudged awake), and becomes the
 // advancer of those shards: it offers all but the first to idle workers through the queue, and
-// advances its own in bounded steps (stepBudget entries per hold of shard.mu), running what fired
-// itself when it is little and offering chunks of it to idle workers when it is a flood. So a
-// deadline is one goroutine wake-up from its callback, no goroutine or channel sits on the path
-// of every expired timer, and a flood spreads over every worker (the runtime runs a P's timers
-// on that P; Tokio a worker's wheel on that worker; here any idle worker steals).
+// advances its own in bounded steps (stepBudget entries per hold of shard.mu), running what each
+// step fired itself, on the core whose cache holds those entries, and offering shares of it only
+// to workers that are idle (Wheel.idle). It lets go of the claim while the callbacks run, so the
+// next keeper can hand the shard's next step to another worker. So a deadline is one goroutine
+// wake-up from its callback, no goroutine or channel sits on the path of every expired timer, and
+// a flood spreads over every worker (the runtime runs a P's timers on that P; Tokio a worker's
+// wheel on that worker; here any idle worker takes the next step or a share).
 //
 // A wake looks at groups, not shards: each group summarises up to groupSize shards with a lower
 // bound of their next deadlines (group.next), kept by producers and advancers with a CAS-min
@@ -99,11 +101,15 @@ func (w *Wheel) work(i int) {
 			w.keep(wk)
 			continue
 		}
+		w.idle.Add(1)
 		select {
 		case c := <-w.pool.queue:
+			w.idle.Add(-1)
 			w.runTask(wk, c)
 		case <-w.nudge:
+			w.idle.Add(-1)
 		case <-w.quit:
+			w.idle.Add(-1)
 		}
 	}
 }
@@ -114,7 +120,7 @@ func (w *Wheel) runTask(wk *worker, c *chunk) {
 		now := c.now
 		c.adv = nil
 		chunkPool.Put(c)
-		w.advanceShard(wk, s, now, true)
+		w.advanceShard(wk, s, now)
 		return
 	}
 	wk.taken.Add(uint64(c.n))
@@ -165,17 +171,21 @@ func (w *Wheel) keep(wk *worker) {
 			}
 			fire = wk.timer.C
 		}
+		w.idle.Add(1)
+		var c *chunk
 		select {
 		case <-fire:
-			continue
 		case <-w.wake:
-		case c := <-w.pool.queue:
+		case c = <-w.pool.queue:
+		case <-w.quit:
+		}
+		w.idle.Add(-1)
+		if c != nil {
 			w.stopTimer(wk)
 			w.target.Store(awake)
 			w.release()
 			w.runTask(wk, c)
 			return
-		case <-w.quit:
 		}
 		w.stopTimer(wk)
 		if isClosed(w.quit) {
@@ -263,20 +273,24 @@ func (w *Wheel) advanceDue(wk *worker, now int64) {
 			mine = append(mine, s) // overwrites an element the loop has read already
 		}
 	}
-	for i, s := range mine {
-		w.advanceShard(wk, s, now, i == len(mine)-1)
+	for _, s := range mine {
+		w.advanceShard(wk, s, now)
 	}
 }
 
 // advanceShard advances a shard that the caller claimed to tick now, in steps of stepBudget
-// entries, each under one hold of s.mu; after the last it lets go of the claim and publishes
-// the shard's next into its group. What a step fired goes in chunks to idle workers while more
-// work follows, and runs here otherwise (last reports whether this is the caller's last shard).
-// No callback runs here while the shard is claimed: if the queue has no room for a step's
-// chunks, the claim is let go of first (the shard is still due, so the keeper hands it out
-// again), so a slow callback never holds up a shard's later timers.
+// entries, each under one hold of s.mu.
+//
+// Each step's callbacks run on this goroutine, right after the step made them (their entries
+// are in this core's cache), except for shares offered to idle workers when there are some
+// (offerFired). Before they run, the claim is let go of and the shard's next published into its
+// group, so that a slow callback never holds up the shard: while it runs, the keeper sees the
+// shard due and hands its next step to another worker. Afterwards this goroutine claims the
+// shard again if nobody else has, and goes on with the next step; if somebody has, the rest is
+// theirs. The claim is the only arbiter: whoever holds it advances until the shard is done or
+// lets go and publishes, so no due step is left with nobody to take it.
 // After Stop it advances no further: what fired already runs, what is pending is Stop's.
-func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, last bool) {
+func (w *Wheel) advanceShard(wk *worker, s *shard, now int64) {
 	for {
 		done := true
 		if !w.closed.Load() {
@@ -287,18 +301,13 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, last bool) {
 			s.fired = s.fired[:0]
 			s.mu.Unlock()
 		}
-		rest := w.offerFired(wk, wk.batch, done && last)
-		if len(rest) > 0 {
-			done = true
-		}
-		if done {
-			s.claimed.Store(false)
-			w.publishGroup(s)
-		}
+		rest := w.offerFired(wk, wk.batch)
+		s.claimed.Store(false)
+		w.publishGroup(s)
 		w.runRefs(rest, wk)
 		clear(wk.batch)
 		wk.batch = wk.batch[:0]
-		if done {
+		if done || !s.claimed.CompareAndSwap(false, true) {
 			return
 		}
 	}
@@ -315,26 +324,23 @@ func (w *Wheel) publishGroup(s *shard) {
 
 // offerFired offers what one advance step fired to idle workers, in shares of up to chunkCap
 // entries and no fewer than minShare (a few timers run here rather than pay a hand-off each),
-// and returns what is left for the caller to run: the last share when keepLast is set (nothing
-// else waits for the caller), and everything from the first share the queue had no room for.
-func (w *Wheel) offerFired(wk *worker, refs []ref, keepLast bool) []ref {
-	if len(refs) == 0 || w.pool.queue == nil {
+// and returns what is left for the caller to run: at least the last share, and everything the
+// idle workers are not there to take. A share handed to a busy pool would only wait in the queue
+// while its entries' cache lines go cold; the caller runs it sooner.
+func (w *Wheel) offerFired(wk *worker, refs []ref) []ref {
+	if w.pool.queue == nil {
 		return refs
 	}
 	per := min(w.pool.chunkCap, max(minShare, len(refs)/len(w.pool.done)))
-	for len(refs) > 0 {
-		n := min(per, len(refs))
-		if keepLast && n == len(refs) {
-			return refs
-		}
-		c := newChunk(refs[:n])
+	for len(refs) > per && len(w.pool.queue) < int(w.idle.Load()) {
+		c := newChunk(refs[:per])
 		if !w.offer(wk, c) {
 			c.n = 0
-			clear(c.es[:n])
+			clear(c.es[:per])
 			chunkPool.Put(c)
-			return refs
+			break
 		}
-		refs = refs[n:]
+		refs = refs[per:]
 	}
 	return refs
 }

@@ -82,6 +82,7 @@ type Wheel struct {
 	target atomic.Int64  // tick the keeper sleeps until; awake while no keeper sleeps
 	wake   chan struct{} // producers signal the keeper: an earlier deadline (cap 1)
 	nudge  chan struct{} // release signals idle workers: the keeper role is free (cap 1)
+	idle   atomic.Int32  // workers blocked waiting for queued work (followers and a sleeping keeper)
 	quit   chan struct{} // closed by Stop: workers finish what they hold and exit
 
 	stopOnce sync.Once
