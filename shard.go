@@ -25,7 +25,7 @@ const cacheLineSize = 64
 // The second is the slab's (pool.go): its free stack is lock-free, used by producers and by
 // whoever frees an entry. The Wheel pointer and the published next deadline sit there too.
 //
-// Everything after that is owned by whoever holds mu: the clock goroutine while it advances the
+// Everything after that is owned by whoever holds mu: the worker that advances the
 // shard, or a producer that found the ring full and drains it itself. A linked entry changes
 // hands only there: a producer hands an entry over by publishing a command; the holder of mu
 // takes it by popping the command.
@@ -52,9 +52,10 @@ type shard struct {
 	freed    freeBatch            // entries freed by the current drain; owned by the holder of mu
 	fired    []ref                // entries the current advance step fired; owned by the holder of mu
 
-	// claimed is set while one goroutine advances the shard on the system clock, across the
-	// steps of a flood (it lets go of mu between them): the keeper claims a due shard (CAS
-	// false -> true) and the goroutine that advanced it clears it. Atomic; the keeper reads it.
+	// claimed is set while one goroutine advances the shard on the system clock (it lets go of
+	// mu between steps): the keeper claims a due shard (CAS false -> true), and its advancer
+	// clears it before it runs a step's callbacks and may claim it again by CAS to take the next
+	// step (expiry.go, advanceShard). Atomic; the keeper reads it.
 	claimed atomic.Bool
 
 	// Shards are allocated one by one; this keeps the owner's fields above off the cache line

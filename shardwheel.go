@@ -69,6 +69,10 @@ type Wheel struct {
 	advMu    sync.Mutex   // serialises manual advances with each other and with Stop
 	advancer atomic.Int64 // goroutine id of the manual advancer while it runs (for Stop from a callback)
 	batch    []ref        // entries fired in the current round; owned by the manual advancer
+	// advOnWorker: the manual advancer is one of the wheel's workers (Advance from a callback),
+	// which must never wait for room in the queue that it alone may be there to empty.
+	// Owned by the manual advancer.
+	advOnWorker bool
 	// trim gives idle chunks back (trim.go); owned by the advancer: the manual one, or the keeper
 	// (one worker at a time; the role's hand-over, an atomic store and CAS, orders their uses).
 	trim trimmer
@@ -82,11 +86,19 @@ type Wheel struct {
 	target atomic.Int64  // tick the keeper sleeps until; awake while no keeper sleeps
 	wake   chan struct{} // producers signal the keeper: an earlier deadline (cap 1)
 	nudge  chan struct{} // release signals idle workers: the keeper role is free (cap 1)
-	idle   atomic.Int32  // workers blocked waiting for queued work (followers and a sleeping keeper)
+	idle   atomic.Int32  // followers blocked waiting for queued work or the keeper role (expiry.go)
 	quit   chan struct{} // closed by Stop: workers finish what they hold and exit
 
-	stopOnce sync.Once
-	stopped  chan struct{} // closed when the first Stop has finished
+	// Stop: the first call wins stopping (CAS) and runs stop; closing is closed as it starts
+	// (a manual advancer blocked on a full queue stops waiting for room, see dispatch), stopped
+	// once it has finished. Later calls wait on stopped, unless they run on one of the goroutines
+	// the first Stop may be waiting for (a worker, or the manual advancer): those return at once.
+	stopping atomic.Bool
+	closing  chan struct{}
+	stopped  chan struct{}
+	// rerun: ManualClock.Advance was called from a worker's callback while another goroutine
+	// held advMu; the holder advances again before it lets go (clock.go, advanceManual).
+	rerun atomic.Bool
 
 	// Counters off the producers' path, all rare events (fires are counted in pool.fired).
 	rejected, panics, dropped *xsync.Counter
@@ -110,6 +122,7 @@ func New(opts ...Option) (*Wheel, error) {
 		opts:     o,
 		tick:     int64(o.tick),
 		lastTick: (math.MaxInt64-1)/int64(o.tick) + 1,
+		closing:  make(chan struct{}),
 		stopped:  make(chan struct{}),
 		rejected: xsync.NewCounter(),
 		panics:   xsync.NewCounter(),
@@ -175,7 +188,7 @@ func (w *Wheel) reject(err error) (Timer, error) {
 // schedule arms an entry on the caller's P's shard and publishes it. The steps: take an entry
 // from the shard's slab (arming bumps its gen), fill it, read the clock, publish the add command
 // (the ring orders the plain writes before it), count it, and note its deadline so that the
-// clock goroutine wakes if it is the earliest. A periodic entry has f nil and an *every as arg.
+// keeper wakes if it is the earliest. A periodic entry has f nil and an *every as arg.
 func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 	if w.closed.Load() {
 		return w.reject(ErrClosed)
@@ -329,15 +342,14 @@ func isClosed(c chan struct{}) bool {
 // timers never fire; callbacks already running, or already handed to the worker pool, run to
 // their end before Stop returns, and every goroutine the wheel started has exited by then.
 // Safe to call more than once and from several goroutines: later calls wait for the first to
-// finish and return 0. Called from inside a callback, Stop waits for every other callback but not
-// for the one it is called from; with WithWorkers(0) or CallerRuns, the rest of the batch that
-// callback was dispatched with still runs after it returns. After Stop, scheduling returns
+// finish and return 0, except on a goroutine the first may be waiting for (inside a callback),
+// where they return 0 at once. Called from inside a callback, Stop waits for every other callback
+// but not for the one it is called from, and the callbacks that fired with it and were to run
+// after it on the same goroutine still run after Stop returns. After Stop, scheduling returns
 // ErrClosed and Len is 0.
 func (w *Wheel) Stop() int {
-	n := -1
-	w.stopOnce.Do(func() { n = w.stop() })
-	if n >= 0 {
-		return n
+	if w.stopping.CompareAndSwap(false, true) {
+		return w.stop()
 	}
 	self := goid()
 	if w.advancer.Load() != self && !w.isWorker(self) {
@@ -348,6 +360,7 @@ func (w *Wheel) Stop() int {
 
 func (w *Wheel) stop() int {
 	w.closed.Store(true)
+	close(w.closing)
 	self := goid()
 	onAdvancer := w.manual != nil && w.advancer.Load() == self
 
