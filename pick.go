@@ -53,9 +53,7 @@ func (w *Wheel) takeShard() *shard {
 	if t == nil {
 		t = &shardToken{shard: (w.pick.seq.Inc() - 1) % n}
 	}
-	if t.arms++; t.arms >= contentionWindow {
-		t.arms, t.lost = 0, 0
-	}
+	t.arm()
 	s := w.shards[t.shard]
 	w.pick.tokens.Put(t)
 	return s
@@ -69,11 +67,26 @@ func (w *Wheel) noteContention(s *shard) {
 	if t == nil {
 		return
 	}
-	if n := uint32(len(w.shards)); w.shards[t.shard] == s {
-		if t.lost++; t.lost >= contentionLimit {
-			t.shard = (t.shard + 1 + rand.Uint32N(n-1)) % n // any other shard
-			t.arms, t.lost = 0, 0
-		}
+	if w.shards[t.shard] == s {
+		t.lose(uint32(len(w.shards)))
 	}
 	w.pick.tokens.Put(t)
+}
+
+// arm counts one arm in the token's window, opening a new window after contentionWindow.
+func (t *shardToken) arm() {
+	if t.arms++; t.arms >= contentionWindow {
+		t.arms, t.lost = 0, 0
+	}
+}
+
+// lose counts one lost CAS race; the contentionLimit-th within a window moves the token to
+// another of the n shards (n >= 2), chosen at random, and reports true.
+func (t *shardToken) lose(n uint32) bool {
+	if t.lost++; t.lost < contentionLimit {
+		return false
+	}
+	t.shard = (t.shard + 1 + rand.Uint32N(n-1)) % n // any shard but this one
+	t.arms, t.lost = 0, 0
+	return true
 }

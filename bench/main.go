@@ -278,6 +278,7 @@ func plan(cfg Config, res *Results) []task {
 				return nil
 			}})
 		}
+		tasks = append(tasks, producersTasks(cfg, res, r, order)...) // producers.go
 		tasks = append(tasks, sustainedTasks(cfg, res, r, order,
 			func() ([]Rec, []Handle) { return slab, hs },
 			func() []Rec { return sustained })...)
