@@ -118,7 +118,7 @@ func main() {
 	}
 
 	start := time.Now()
-	res := newResults(cfg, "go -C bench run . "+strings.Join(os.Args[1:], " "))
+	res := newResults(cfg, "go -C bench run "+raceFlag+". "+strings.Join(os.Args[1:], " ")) // raceFlag: race.go
 	tasks := plan(cfg, res)
 	if *only != "" {
 		kept := tasks[:0]
