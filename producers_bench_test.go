@@ -121,3 +121,33 @@ func runProducers[T any](b *testing.B, producers int, foreign bool, arm func() T
 		b.Fatalf("%d Stops of pending timers reported false", n)
 	}
 }
+
+// BenchmarkPairMaxPending is BenchmarkPair's arm+stop from GOMAXPROCS goroutines on a wheel with
+// WithMaxPending, whose bound every arm takes a place in and every Stop gives it back: what the
+// bound costs a pair (limit=off is the same wheel without it). Run with -cpu 2,16.
+func BenchmarkPairMaxPending(b *testing.B) {
+	for _, limit := range []int{0, 1 << 20} {
+		name := "limit=off"
+		if limit > 0 {
+			name = "limit=1M"
+		}
+		b.Run(name, func(b *testing.B) {
+			w, err := sw.New(sw.WithMaxPending(limit))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer w.Stop()
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				var x int
+				for pb.Next() {
+					t, err := w.AfterFuncArg(time.Minute, noopArg, &x)
+					if err != nil || !t.Stop() {
+						b.Error("arm or Stop failed", err)
+					}
+				}
+			})
+		})
+	}
+}
