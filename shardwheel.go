@@ -38,7 +38,8 @@ import (
 var (
 	// ErrClosed is returned when scheduling on a Wheel that was stopped.
 	ErrClosed = errors.New("shardwheel: wheel is stopped")
-	// ErrTooManyTimers is returned when scheduling would exceed WithMaxPending.
+	// ErrTooManyTimers is what scheduling past WithMaxPending (or past what a shard's slab holds)
+	// returns: wrapped in an error that names the limit, so test for it with errors.Is.
 	ErrTooManyTimers = errors.New("shardwheel: too many pending timers (WithMaxPending reached)")
 	// ErrNilFunc is returned when the callback is nil.
 	ErrNilFunc = errors.New("shardwheel: callback func is nil")
