@@ -38,7 +38,8 @@ import (
 var (
 	// ErrClosed is returned when scheduling on a Wheel that was stopped.
 	ErrClosed = errors.New("shardwheel: wheel is stopped")
-	// ErrTooManyTimers is returned when scheduling would exceed WithMaxPending.
+	// ErrTooManyTimers is what scheduling past WithMaxPending (or past what a shard's slab holds)
+	// returns: wrapped in an error that names the limit, so test for it with errors.Is.
 	ErrTooManyTimers = errors.New("shardwheel: too many pending timers (WithMaxPending reached)")
 	// ErrNilFunc is returned when the callback is nil.
 	ErrNilFunc = errors.New("shardwheel: callback func is nil")
@@ -60,6 +61,9 @@ type Wheel struct {
 	manualBase int64        // manual.elapsed when the wheel started
 
 	closed atomic.Bool // set once by Stop; scheduling calls then fail fast
+	pick   picker      // which shard a producer arms on (pick.go; pick_race.go under -race)
+
+	creditBatch int64 // WithMaxPending credits a shard takes from the reserve at once (pending.go)
 
 	// Above: read by every producer, written once. Below: written by the advancer at every
 	// round; the pad keeps those writes off the producers' line.
@@ -102,7 +106,13 @@ type Wheel struct {
 
 	// Counters off the producers' path, all rare events (fires are counted in pool.fired).
 	rejected, panics, dropped *xsync.Counter
-	pending                   atomic.Int64 // only with WithMaxPending; shared by design
+	// credit is WithMaxPending's reserve (pending.go): atomic, touched only when a shard's own
+	// stock runs dry or overflows, and by Stop.
+	credit atomic.Int64
+
+	// Wheels are allocated one by one: this keeps the fields above off the line of whatever the
+	// allocator puts next.
+	_ [cacheLineSize]byte
 }
 
 // New starts a Wheel and its workers (one with WithWorkers(0) on the system clock, which runs
@@ -133,6 +143,10 @@ func New(opts ...Option) (*Wheel, error) {
 		w.manualBase = m.elapsed.Load()
 	} else {
 		w.base = time.Now()
+	}
+	if o.maxPending > 0 {
+		w.credit.Store(int64(o.maxPending))
+		w.creditBatch = creditBatch(o.maxPending, o.shards)
 	}
 	w.target.Store(awake) // no keeper yet; with a manual clock never one: Advance drives the wheel
 	w.wake = make(chan struct{}, 1)
@@ -193,32 +207,26 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 	if w.closed.Load() {
 		return w.reject(ErrClosed)
 	}
-	if !w.reservePending() {
-		return w.reject(ErrTooManyTimers)
+	s := w.takeShard()
+	if !s.reservePending() {
+		return w.reject(errMaxPending{w.opts.maxPending})
 	}
-	tok, s := w.takeShard()
 	i, e, gen := s.slab.newEntry()
 	if e == nil {
-		if tok != nil {
-			shardTokens.Put(tok)
-		}
-		w.releasePending(1)
+		s.releasePending(1)
 		return w.reject(slabFull())
 	}
 	e.f, e.arg = f, arg
 	when := w.deadline(d)
 	e.when.Store(when)
 	ok, contended := s.send(i, gen, opAdd)
-	if tok != nil {
-		if contended {
-			tok.n++ // another P uses this shard too: the loser of the race moves on
-		}
-		shardTokens.Put(tok)
+	if contended {
+		w.noteContention(s) // another P may share this shard: see picker
 	}
 	if !ok {
 		// Stop closed the ring after the check above: not accepted.
 		s.slab.freeEntry(i, e)
-		w.releasePending(1)
+		s.releasePending(1)
 		return w.reject(ErrClosed)
 	}
 	s.scheduled.Inc()
@@ -226,54 +234,10 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 	return Timer{s: s, i: i, gen: gen}, nil
 }
 
-// reservePending takes one unit of WithMaxPending, if set.
-func (w *Wheel) reservePending() bool {
-	if w.opts.maxPending == 0 {
-		return true
-	}
-	if w.pending.Inc() > int64(w.opts.maxPending) {
-		w.pending.Dec()
-		return false
-	}
-	return true
-}
-
-// releasePending returns n units of WithMaxPending, if set: a timer fired, was stopped or dropped.
-func (w *Wheel) releasePending(n int64) {
-	if w.opts.maxPending != 0 {
-		w.pending.Sub(n)
-	}
-}
-
 // noteDropped counts n timers that will never run because the wheel stopped.
 func (w *Wheel) noteDropped(n int64) {
 	w.dropped.Add(n)
 	w.releasePending(n)
-}
-
-// shardToken maps a P to a shard. Tokens live in a sync.Pool, whose per-P caches return to each P
-// the token it last put back, so the goroutines of one P keep to one shard without touching any
-// cache line shared by all producers. The pool may hand a token to another P (it steals), and two
-// Ps can then share a shard; a producer that loses a CAS race for its shard's ring moves its token
-// to the next shard, so sharing does not last (xsync's striped counter rehashes the same way).
-type shardToken struct{ n uint32 }
-
-var (
-	shardTokens sync.Pool
-	tokenSeq    atomic.Uint32
-)
-
-// takeShard returns the caller's token (nil with one shard) and its shard. The caller puts the
-// token back when its command is sent.
-func (w *Wheel) takeShard() (*shardToken, *shard) {
-	if len(w.shards) == 1 {
-		return nil, w.shards[0]
-	}
-	t, _ := shardTokens.Get().(*shardToken)
-	if t == nil {
-		t = &shardToken{n: tokenSeq.Inc()} // consecutive tokens: distinct shards for the first Ps
-	}
-	return t, w.shards[t.n%uint32(len(w.shards))]
 }
 
 // Len returns the number of pending timers: scheduled, and neither started nor stopped. A timer

@@ -217,7 +217,7 @@ func (w *Wheel) runEntry(r ref, wk *worker, now int64, fb *freeBatch) {
 				fb.add(&r.s.slab, r.i, e)
 				wk.fired.n.Inc()
 				wk.observe(w.lateness(now, when))
-				w.releasePending(1)
+				r.s.releasePending(1) // to the timer's shard: WithMaxPending is striped (pending.go)
 				w.call(f, arg)
 				return
 			}

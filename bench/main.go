@@ -121,7 +121,7 @@ func main() {
 	}
 
 	start := time.Now()
-	res := newResults(cfg, "go -C bench run . "+strings.Join(os.Args[1:], " "))
+	res := newResults(cfg, "go -C bench run "+raceFlag+". "+strings.Join(os.Args[1:], " ")) // raceFlag: race.go
 	tasks := plan(cfg, res)
 	if *only != "" {
 		kept := tasks[:0]
@@ -287,6 +287,7 @@ func plan(cfg Config, res *Results) []task {
 				return nil
 			}})
 		}
+		tasks = append(tasks, producersTasks(cfg, res, r, order)...) // producers.go
 		tasks = append(tasks, sustainedTasks(cfg, res, r, order,
 			func() ([]Rec, []Handle) { return slab, hs },
 			func() []Rec { return sustained })...)
