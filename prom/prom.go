@@ -8,18 +8,18 @@
 //
 // The metrics, with the default namespace "shardwheel":
 //
-//	shardwheel_timers_scheduled_total   counter    Stats.Scheduled
-//	shardwheel_timers_fired_total       counter    Stats.Fired
-//	shardwheel_timers_stopped_total     counter    Stats.Stopped
-//	shardwheel_timers_rejected_total    counter    Stats.Rejected
-//	shardwheel_timers_dropped_total     counter    Stats.Dropped
-//	shardwheel_callback_panics_total    counter    Stats.Panics
-//	shardwheel_timers_pending           gauge      Stats.Pending
-//	shardwheel_callbacks_queued         gauge      Stats.Queued
-//	shardwheel_held_bytes               gauge      Stats.HeldBytes
-//	shardwheel_shards                   gauge      Stats.Shards
-//	shardwheel_workers                  gauge      Stats.Workers
-//	shardwheel_callback_lateness_seconds histogram Stats.Lateness
+//	shardwheel_timers_scheduled_total      counter    Stats.Scheduled
+//	shardwheel_timers_fired_total          counter    Stats.Fired
+//	shardwheel_timers_stopped_total        counter    Stats.Stopped
+//	shardwheel_timers_rejected_total       counter    Stats.Rejected
+//	shardwheel_timers_dropped_total        counter    Stats.Dropped
+//	shardwheel_callback_panics_total       counter    Stats.Panics
+//	shardwheel_timers_pending              gauge      Stats.Pending
+//	shardwheel_callbacks_queued            gauge      Stats.Queued
+//	shardwheel_held_bytes                  gauge      Stats.HeldBytes
+//	shardwheel_shards                      gauge      Stats.Shards
+//	shardwheel_workers                     gauge      Stats.Workers
+//	shardwheel_callback_lateness_seconds   histogram  Stats.Lateness
 //
 // The lateness histogram has the wheel's own power-of-two buckets, with upper bounds 1µs, 2µs,
 // 4µs, ... 2^30µs (about 18 minutes) in seconds, and +Inf. The wheel counts a duration equal to
