@@ -10,14 +10,14 @@ import (
 // histBuckets is the number of buckets of a Histogram: bucket 0 under 1µs, bucket i in
 // [2^(i-1), 2^i) µs for 1 <= i < histBuckets-1, and the last bucket from 2^(histBuckets-2) µs
 // (about 18 minutes) up, without bound.
-const histBuckets = 32
+const histBuckets = len(Histogram{}.Buckets)
 
 // Histogram counts durations by powers of two of microseconds: Buckets[0] counts those under
 // 1µs, Buckets[i] those in [2^(i-1), 2^i) µs, and the last bucket, Buckets[31], also everything
 // longer (from 2^30 µs, about 18 minutes, up). A Histogram is a plain value: Stats returns a
 // copy, and two snapshots can be subtracted bucket by bucket to get the counts of an interval.
 type Histogram struct {
-	Buckets [histBuckets]uint64
+	Buckets [32]uint64 // the counts, by bucket as above; histBuckets is its length
 }
 
 // Count returns the number of durations counted: the sum of the buckets.

@@ -25,7 +25,7 @@ func TestLeakArmStopCycles(t *testing.T) {
 	w, err := sw.New()
 	require.NoError(t, err)
 	defer w.Stop()
-	type payload struct{ buf [64]byte }
+	type payload struct{ _ [64]byte } // size only: a 64-byte callback argument
 	f := func(any) { t.Error("a stopped timer fired") }
 
 	run := func(n int) {
@@ -77,7 +77,7 @@ func leakHeap() uint64 {
 }
 
 // leakBlob is a callback argument big enough that keeping it alive by mistake would show.
-type leakBlob struct{ buf [4096]byte }
+type leakBlob struct{ _ [4096]byte }
 
 // TestLeakWheelCollectedAfterStop: after Wheel.Stop, with no handle kept, the Wheel and every
 // callback argument it held (pending, stopped, fired, periodic) are garbage. Checked with weak

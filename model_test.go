@@ -50,13 +50,14 @@ type mTimer struct {
 	periodic bool
 	interval int64 // of an Every; a Reset moves only the next run
 	reset    bool  // of an Every: a Reset moved the next run, and the series re-bases at its tick
-	// behind is set when the timer was (re)armed while a Stop paused before its publication held
-	// the timer's shard: its command waits in the ring behind the held slot, so it may fire late,
-	// and must fire at the first Advance after the last hold on its shard is let go.
-	behind bool
-	// late is set when the last hold on the timer's shard was let go while the timer was behind
-	// it: the wheel learns of it after its deadline, so it fires at the next Advance, in ring
-	// order rather than deadline order among such timers.
+	// waits are the Stops paused before their publication that held the timer's shard when it
+	// was (re)armed: its command waits in the ring behind their slots, so it may fire late, and
+	// must fire at the first Advance after the last of them is let go. A hold claimed after the
+	// timer's command does not block it: the ring drains up to the first unpublished slot.
+	waits []*sw.Held
+	// late is set when the last hold the timer waited for was let go: the wheel learns of it
+	// after its deadline, so it fires at the next Advance, in ring order rather than deadline
+	// order among such timers.
 	late   bool
 	runs   int // callbacks that ran
 	handle sw.Timer
@@ -192,7 +193,7 @@ func (h *relHarness) schedule(d time.Duration, useArg bool) {
 		tm, err = h.w.AfterFunc(d, func() { h.fired = append(h.fired, id) })
 	}
 	h.check(err == nil, "AfterFunc(%v): %v", d, err)
-	h.m.timers = append(h.m.timers, &mTimer{id: id, armed: h.m.now, delay: int64(d), handle: tm, behind: h.blocked(tm)})
+	h.m.timers = append(h.m.timers, &mTimer{id: id, armed: h.m.now, delay: int64(d), handle: tm, waits: h.holdsOn(tm)})
 	h.stats.scheduled++
 	h.checkLen()
 }
@@ -205,7 +206,7 @@ func (h *relHarness) every(d time.Duration) {
 	h.logf("t%d = Every(%d) at %d", id, int64(d), h.m.now)
 	tm, err := h.w.Every(d, func() { h.fired = append(h.fired, id) })
 	h.check(err == nil, "Every(%v): %v", d, err)
-	h.m.timers = append(h.m.timers, &mTimer{id: id, armed: h.m.now, delay: int64(d), periodic: true, interval: int64(d), handle: tm, behind: h.blocked(tm)})
+	h.m.timers = append(h.m.timers, &mTimer{id: id, armed: h.m.now, delay: int64(d), periodic: true, interval: int64(d), handle: tm, waits: h.holdsOn(tm)})
 	h.stats.scheduled++
 	h.checkLen()
 }
@@ -253,24 +254,32 @@ func (h *relHarness) publish(i int) {
 	}
 	i %= len(h.held)
 	h.logf("held %d publishes", i)
-	h.held[i].Publish()
+	hd := h.held[i]
+	hd.Publish()
 	h.held = slices.Delete(h.held, i, i+1)
 	for _, mt := range h.m.timers {
-		if mt.behind && !h.blocked(mt.handle) {
-			mt.behind, mt.late = false, true
+		if mt.behind() {
+			if mt.waits = slices.DeleteFunc(mt.waits, func(w *sw.Held) bool { return w == hd }); !mt.behind() {
+				mt.late = true
+			}
 		}
 	}
 }
 
-// blocked reports whether a paused Stop holds a slot in the ring of tm's shard.
-func (h *relHarness) blocked(tm sw.Timer) bool {
+// holdsOn returns the paused Stops that hold a slot in the ring of tm's shard: a command tm
+// sends now waits behind them.
+func (h *relHarness) holdsOn(tm sw.Timer) []*sw.Held {
+	var hs []*sw.Held
 	for _, hd := range h.held {
 		if hd.ShardID() == tm.ShardID() {
-			return true
+			hs = append(hs, hd)
 		}
 	}
-	return false
+	return hs
 }
+
+// behind reports whether the timer's latest arming waits in its ring behind a paused Stop.
+func (mt *mTimer) behind() bool { return len(mt.waits) > 0 }
 
 func (h *relHarness) reset(i int, d time.Duration) {
 	if len(h.m.timers) == 0 {
@@ -284,7 +293,7 @@ func (h *relHarness) reset(i int, d time.Duration) {
 	if want {
 		mt.armed, mt.delay = h.m.now, int64(d)
 		mt.reset = mt.periodic
-		mt.behind = h.blocked(mt.handle)
+		mt.waits = h.holdsOn(mt.handle)
 	}
 	h.checkLen()
 }
@@ -309,7 +318,7 @@ func (h *relHarness) advance(d time.Duration) {
 	want := map[int]uint64{}  // id -> due tick: must fire
 	maybe := map[int]uint64{} // may fire (past the end of time)
 	for _, mt := range h.m.timers {
-		if mt.state == mPending && h.m.due(mt) && !mt.behind {
+		if mt.state == mPending && h.m.due(mt) && !mt.behind() {
 			want[mt.id] = h.m.key(mt)
 		} else if mt.state == mPending && (h.m.maybe(mt) || h.m.due(mt)) {
 			maybe[mt.id] = h.m.key(mt)
@@ -359,7 +368,7 @@ func (h *relHarness) advance(d time.Duration) {
 				n += (h.m.now - due) / mt.interval
 			}
 			mt.armed, mt.delay = due, satMul(n, mt.interval)
-			mt.behind = h.blocked(mt.handle)
+			mt.waits = h.holdsOn(mt.handle)
 			h.stats.scheduled++ // each run counts once in Scheduled
 		} else {
 			mt.state = mFired

@@ -245,12 +245,3 @@ func (w *Wheel) handlePanic(r any) {
 	}()
 	w.opts.onPanic(r)
 }
-
-// firedTotal sums the callbacks started.
-func (p *pool) firedTotal() uint64 {
-	var n uint64
-	for i := range p.ws {
-		n += p.ws[i].fired.n.Load()
-	}
-	return n
-}
