@@ -202,8 +202,10 @@ func TestCancelRemoves(t *testing.T) {
 	f := newCtxFuncs(t)
 	type key struct{}
 	roots := map[string]func() (context.Context, context.CancelFunc){
-		"std":   func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
-		"wheel": func() (context.Context, context.CancelFunc) { return f.WithTimeout(context.Background(), 2*veryLongDuration) },
+		"std": func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
+		"wheel": func() (context.Context, context.CancelFunc) {
+			return f.WithTimeout(context.Background(), 2*veryLongDuration)
+		},
 	}
 	children := map[string]func(parent context.Context, p *payload) func(){
 		"WithCancel": func(parent context.Context, p *payload) func() {
