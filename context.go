@@ -109,7 +109,10 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 			}
 		}
 	}
-	c := &deadlineCtx{w: w, parent: parent, deadline: t, cause: cause}
+	c := &deadlineCtx{w: w, parent: parent, deadline: t}
+	if cause != nil {
+		c.x.Store(&ctxExt{cause: cause}) // before the context is shared
+	}
 	if pw != nil {
 		if ps := pw.state.Load() & endMask; ps != 0 {
 			c.state.Store(fromParent(ps)) // before the context is shared: a plain store is enough
@@ -176,19 +179,20 @@ func errOf(code uint32) error {
 // deadlineCtx is the wheel's deadline context.
 //
 // Ownership, field by field:
-//   - w, parent, deadline, cause: immutable.
+//   - w, parent, deadline: immutable.
 //   - state: atomic, see the table above.
 //   - timer, pw: written by the constructor before it sets armed; read only by the goroutine that
 //     ended the context after seeing armed, or by the constructor if the end came first (exactly
 //     one of the two, decided by the armed bit against the end CAS).
 //   - prev, next: this context's links in pw's kids list, guarded by pw.mu.
-//   - kids, kidsDone, gateF: guarded by mu. kidsDone is set by the ender when it takes the list.
-//   - q: atomic, written once, under qmu, by lazyQ; lateF is guarded by qmu.
+//   - kids, kidsDone: guarded by mu. kidsDone is set by the ender when it takes the list.
+//   - x: atomic, written once: by the constructor (a cause) or under mu by ext. What only a Cause
+//     form or the first Done, Value(&cancelCtxKey) needs lives there, so that the context of the
+//     hot path (make, cancel) is 128 bytes, one size class below std's timerCtx alone.
 type deadlineCtx struct {
 	w          *Wheel
 	parent     context.Context
 	deadline   time.Time
-	cause      error
 	state      atomic.Uint32
 	kidsDone   bool
 	timer      Timer
@@ -196,10 +200,44 @@ type deadlineCtx struct {
 	prev, next *deadlineCtx
 	mu         sync.Mutex
 	kids       *deadlineCtx
-	gateF      func()
-	q          atomic.Value // context.Context: the *context.cancelCtx of lazyQ
-	qmu        sync.Mutex
-	lateF      func()
+	x          atomic.Pointer[ctxExt]
+}
+
+// ctxExt is the part of a deadlineCtx made on demand.
+//   - cause: immutable (the WithDeadlineCause cause; nil for DeadlineExceeded).
+//   - gateF: guarded by the context's mu (std's registration of q, see ctxGate.AfterFunc).
+//   - q: atomic, written once, under qmu, by lazyQ; lateF is guarded by qmu.
+type ctxExt struct {
+	cause error
+	gateF func()
+	q     atomic.Value // context.Context: the *context.cancelCtx of lazyQ
+	qmu   sync.Mutex
+	lateF func()
+}
+
+// ext returns c's ctxExt, making it (under mu, so once) on the first call.
+func (c *deadlineCtx) ext() *ctxExt {
+	if x := c.x.Load(); x != nil {
+		return x
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if x := c.x.Load(); x != nil {
+		return x
+	}
+	x := &ctxExt{}
+	c.x.Store(x)
+	return x
+}
+
+// loadQ returns q if it has been published, else nil.
+func (c *deadlineCtx) loadQ() context.Context {
+	if x := c.x.Load(); x != nil {
+		if q := x.q.Load(); q != nil {
+			return q.(context.Context)
+		}
+	}
+	return nil
 }
 
 // wheelCtxKey is the Value key with which a deadlineCtx answers itself, so that a child finds it
@@ -260,8 +298,12 @@ func (c *deadlineCtx) end(code uint32) {
 	}
 	if s&ctxLinked != 0 {
 		c.mu.Lock()
-		f, kids := c.gateF, c.kids
-		c.gateF, c.kids, c.kidsDone = nil, nil, true
+		var f func()
+		if x := c.x.Load(); x != nil {
+			f, x.gateF = x.gateF, nil
+		}
+		kids := c.kids
+		c.kids, c.kidsDone = nil, true
 		for k := kids; k != nil; k = k.next {
 			k.prev = nil // taken: removeKid of k reports false from now on
 		}
@@ -345,21 +387,22 @@ func (c *deadlineCtx) unlinkLocked(k *deadlineCtx) {
 // call it itself, std holds q's mutex around AfterFunc. q is published only after that call, so
 // whoever gets q from lazyQ after c's ender returned gets it canceled.
 func (c *deadlineCtx) lazyQ() context.Context {
-	if q := c.q.Load(); q != nil {
-		return q.(context.Context)
+	if q := c.loadQ(); q != nil {
+		return q
 	}
-	c.qmu.Lock()
-	defer c.qmu.Unlock()
-	if q := c.q.Load(); q != nil {
+	x := c.ext()
+	x.qmu.Lock()
+	defer x.qmu.Unlock()
+	if q := x.q.Load(); q != nil {
 		return q.(context.Context)
 	}
 	q, qcancel := context.WithCancel((*ctxGate)(c))
 	_ = qcancel // never called: q ends only through the gate, with c's err and cause
-	if f := c.lateF; f != nil {
-		c.lateF = nil
+	if f := x.lateF; f != nil {
+		x.lateF = nil
 		f()
 	}
-	c.q.Store(q)
+	x.q.Store(q)
 	return q
 }
 
@@ -379,8 +422,8 @@ func (c *deadlineCtx) Err() error {
 	if code == 0 {
 		return nil
 	}
-	if q := c.q.Load(); q != nil {
-		<-q.(context.Context).Done()
+	if q := c.loadQ(); q != nil {
+		<-q.Done()
 	}
 	return errOf(code)
 }

@@ -41,12 +41,13 @@ func (g *ctxGate) Value(key any) any {
 	if cancelCtxKey != nil && key == cancelCtxKey {
 		switch g.state.Load() & endMask {
 		case endDeadline:
-			if g.cause == nil {
+			x := g.x.Load()
+			if x == nil || x.cause == nil {
 				return nil
 			}
 			h, set := context.WithCancelCause(context.Background())
-			set(g.cause)
-			return h // a *context.cancelCtx with cause g.cause
+			set(x.cause)
+			return h // a *context.cancelCtx with cause x.cause
 		case endParentCanceled, endParentDeadline:
 			return g.parent.Value(key)
 		}
@@ -59,21 +60,23 @@ func (g *ctxGate) Value(key any) any {
 // with q's mutex held, so it must not call f. If the context is live, f is left for the ender
 // (linked bit and gateF under mu, as addKid); if it ended after std checked Done, f is left in
 // lateF for lazyQ to call once WithCancel has returned (lazyQ holds qmu, which guards lateF).
+// lazyQ made the ctxExt before calling WithCancel.
 // The stop func is never called: std calls it only when q is canceled with removeFromParent,
 // that is through q's own CancelFunc, which lazyQ drops.
 func (g *ctxGate) AfterFunc(f func()) (stop func() bool) {
 	c := (*deadlineCtx)(g)
+	x := c.x.Load()
 	c.mu.Lock()
 	late := c.kidsDone
 	if !late {
-		c.gateF = f
+		x.gateF = f
 		if old := c.state.Or(ctxLinked); old&endMask != 0 {
-			c.gateF, late = nil, true
+			x.gateF, late = nil, true
 		}
 	}
 	c.mu.Unlock()
 	if late {
-		c.lateF = f
+		x.lateF = f
 	}
 	return stopNothing
 }

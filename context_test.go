@@ -562,3 +562,58 @@ func TestContextHammer(t *testing.T) {
 	wg.Wait()
 	waitPending(t, im.w, 0)
 }
+
+// TestContextLazyDoneRace races the first Done (which makes the std cancelCtx behind it, see
+// lazyQ) and std children made through a wrapper against the context's end, by its cancel or by
+// its wheel parent's: once the end has returned, every Done handed out is closed and every child
+// is done, with the context's error.
+func TestContextLazyDoneRace(t *testing.T) {
+	w, err := sw.New()
+	require.NoError(t, err)
+	defer w.Stop()
+	rounds := 2000
+	if testing.Short() {
+		rounds = 200
+	}
+	for i := range rounds {
+		parent, pcancel := w.WithTimeout(context.Background(), 2*time.Hour)
+		ctx, cancel := w.WithTimeout(otherCtx{parent}, time.Hour)
+		end := cancel
+		if i%2 == 1 {
+			end = pcancel
+		}
+		var (
+			wg    sync.WaitGroup
+			done  <-chan struct{}
+			child context.Context
+			ccl   context.CancelFunc
+		)
+		wg.Add(2)
+		go func() { defer wg.Done(); done = ctx.Done() }()
+		go func() { defer wg.Done(); child, ccl = context.WithCancel(otherCtx{ctx}) }()
+		end()
+		if err := ctx.Err(); err != context.Canceled {
+			t.Fatalf("round %d: Err = %v after the end returned", i, err)
+		}
+		wg.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatalf("round %d: a Done handed out is open after the end", i)
+		}
+		select {
+		case <-child.Done():
+		default:
+			t.Fatalf("round %d: a std child is live after the end", i)
+		}
+		require.Equal(t, context.Canceled, child.Err())
+		require.Equal(t, context.Canceled, context.Cause(child))
+		ccl()
+		cancel()
+		pcancel()
+	}
+	require.Equal(t, 0, w.Len())
+}
+
+// otherCtx is a wrapper that keeps the wrapped context's Done.
+type otherCtx struct{ context.Context }

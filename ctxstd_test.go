@@ -515,9 +515,6 @@ func TestCanceledTimeout(t *testing.T) {
 // From x_test.go: TestAllocs, its timer entries, with the original limits; plus the wheel's own
 // bound for WithTimeout+cancel (fewer than the standard library's 4).
 func TestAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts differ under -race") // the std test skips under -asan alike
-	}
 	f := newCtxFuncs(t)
 	bg := context.Background()
 	for _, test := range []struct {
