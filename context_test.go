@@ -444,18 +444,22 @@ func TestContextParentCancelReleasesTimer(t *testing.T) {
 
 func TestContextNoGoroutinePerContext(t *testing.T) {
 	im := newWheelImpl(t)
-	parent, pcancel := context.WithCancel(context.Background())
+	parent, pcancel := im.w.WithTimeout(context.Background(), 2*time.Hour)
 	defer pcancel()
 	before := runtime.NumGoroutine()
-	cancels := make([]context.CancelFunc, 1000)
-	for i := range cancels {
-		_, cancels[i] = im.w.WithTimeout(parent, time.Hour)
+	cancels := make([]context.CancelFunc, 2000)
+	for i := 0; i < len(cancels); i += 2 {
+		// A wheel child through a wrapper, and a std child of it through another.
+		var ctx context.Context
+		ctx, cancels[i] = im.w.WithTimeout(otherCtx{parent}, time.Hour)
+		_, cancels[i+1] = context.WithCancel(otherCtx{ctx})
 	}
+	require.Equal(t, 1+len(cancels)/2, im.w.Len())
 	assert.Less(t, runtime.NumGoroutine()-before, 100)
 	for _, cancel := range cancels {
 		cancel()
 	}
-	require.Equal(t, 0, im.w.Len())
+	require.Equal(t, 1, im.w.Len())
 }
 
 func TestContextFallbackOnStoppedWheel(t *testing.T) {
