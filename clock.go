@@ -35,7 +35,7 @@ func (systemClock) Now() time.Time { return time.Now() }
 func (systemClock) isClock()       {}
 
 // ManualClock is a Clock that moves only when Advance is called, for deterministic tests. A
-// Wheel built WithClock(m) reads time only from m and has no clock goroutine: Advance itself
+// Wheel built WithClock(m) reads time only from m and has no keeper: Advance itself
 // advances the wheels, on the caller's goroutine.
 type ManualClock struct {
 	start   time.Time
@@ -62,9 +62,10 @@ func (c *ManualClock) isClock() {}
 // one step per non-empty bucket, not per tick. The clock saturates at math.MaxInt64 nanoseconds
 // past its start, the end of time, where every timer is due.
 //
-// Advance panics if d is negative: time does not go backwards. Called from a callback that
-// Advance is running, it moves the clock and returns at once; the running Advance goes on to the
-// new time before it returns.
+// Advance panics if d is negative: time does not go backwards. Called from a callback while
+// another Advance of the wheel is in progress, it moves the clock and returns at once; the
+// Advance in progress goes on to the new time before it returns. A timer armed with d <= 0 by a
+// callback of this Advance fires at the next one.
 func (c *ManualClock) Advance(d time.Duration) {
 	if d < 0 {
 		panic(fmt.Sprintf("shardwheel: ManualClock.Advance(%v): duration must not be negative", d))
@@ -107,7 +108,7 @@ func (c *ManualClock) detach(w *Wheel) {
 // Where a coarse reading is safe and where it is not: the firing side may use a stale (early)
 // reading, since that only fires later; so the keeper reads the time once per wake. A
 // producer must never compute a deadline from a stale reading (that fires early, and with no
-// empty ticks the clock goroutine may have slept for an hour), so AfterFunc and Reset read the
+// empty ticks the keeper may have slept for an hour), so AfterFunc and Reset read the
 // monotonic clock themselves.
 func (w *Wheel) nanos() int64 {
 	if w.manual != nil {
@@ -147,24 +148,46 @@ func (w *Wheel) deadlineFrom(now int64, d time.Duration) int64 {
 // advanceManual advances the wheel to its manual clock's time. A call from inside the running
 // advance of this wheel (a callback that calls Advance) returns at once: the running advance
 // re-reads the clock before it stops.
+//
+// A call from a worker's callback while another goroutine advances must not wait for advMu
+// either: that advance may be blocked handing a batch to the very worker (Block policy). It sets
+// rerun and returns; whoever holds advMu advances again before it lets go, and after letting go
+// takes advMu back if rerun was set meanwhile (if TryLock fails, the new holder sees rerun).
 func (w *Wheel) advanceManual() {
+	self := goid()
 	if !w.advMu.TryLock() {
-		if w.advancer.Load() == goid() {
+		if w.advancer.Load() == self {
 			return
 		}
-		w.advMu.Lock()
+		if w.isWorker(self) {
+			w.rerun.Store(true)
+			if !w.advMu.TryLock() {
+				return // the holder sees rerun before it lets go, or after (below)
+			}
+		} else {
+			w.advMu.Lock()
+		}
 	}
-	defer w.advMu.Unlock()
-	if w.closed.Load() {
-		return
-	}
-	self := goid()
-	w.advancer.Store(self)
-	w.advance()
-	w.trimIdle() // issue 11: give idle chunks back (trim.go)
-	w.advancer.Store(0)
-	if w.stopDeferred {
-		w.finishStop(self)
+	onWorker := w.isWorker(self)
+	for {
+		w.rerun.Store(false)
+		if !w.closed.Load() {
+			w.advOnWorker = onWorker
+			w.advancer.Store(self)
+			w.advance()
+			w.trimIdle() // issue 11: give idle chunks back (trim.go)
+			w.advancer.Store(0)
+			if w.stopDeferred {
+				w.finishStop(self)
+			}
+		}
+		if w.rerun.Load() && !w.closed.Load() {
+			continue
+		}
+		w.advMu.Unlock()
+		if !w.rerun.Load() || w.closed.Load() || !w.advMu.TryLock() {
+			return
+		}
 	}
 }
 
@@ -174,13 +197,20 @@ func (w *Wheel) advanceManual() {
 // finds nothing (a stale next) costs one lock per such shard; none are taken when nothing is
 // due. Only the manual advancer (Advance under advMu) calls it; the system clock's expiry side
 // is expiry.go.
+//
+// A round never takes the tick of the round before it again unless the clock has moved since:
+// what is due there then was armed by the round's own callbacks (d <= 0), and it waits for the
+// next Advance, so that a callback that re-arms itself at once cannot keep Advance from
+// returning. A shard kicked by a late publish (next set to 0) gets its drain round in between.
 func (w *Wheel) advance() {
+	lastNow, lastM := int64(-1), int64(-1)
 	for {
 		now := w.tickAt(w.nanos())
 		m := w.minNext()
-		if m > now {
+		if m > now || m == lastM && now == lastNow {
 			return
 		}
+		lastNow, lastM = now, m
 		for _, s := range w.shards {
 			if s.next.Load() > m {
 				continue

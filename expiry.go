@@ -120,7 +120,7 @@ func (w *Wheel) runTask(wk *worker, c *chunk) {
 		now := c.now
 		c.adv = nil
 		chunkPool.Put(c)
-		w.advanceShard(wk, s, now)
+		w.advanceShard(wk, s, now, true)
 		return
 	}
 	wk.taken.Add(uint64(c.n))
@@ -171,7 +171,6 @@ func (w *Wheel) keep(wk *worker) {
 			}
 			fire = wk.timer.C
 		}
-		w.idle.Add(1)
 		var c *chunk
 		select {
 		case <-fire:
@@ -179,7 +178,6 @@ func (w *Wheel) keep(wk *worker) {
 		case c = <-w.pool.queue:
 		case <-w.quit:
 		}
-		w.idle.Add(-1)
 		if c != nil {
 			w.stopTimer(wk)
 			w.target.Store(awake)
@@ -260,21 +258,27 @@ func (w *Wheel) minGroups() int64 {
 	return m
 }
 
-// advanceDue advances the shards the keeper claimed, wk.due, to tick now: all but the first are
-// offered to idle workers (a queue without room leaves them to this one).
+// advanceDue advances the shards the keeper claimed, wk.due, to tick now. All but the first go
+// to idle workers while there are some (a shard offered to a busy pool would wait, claimed, in
+// the queue); this one takes the rest a step each, and only the last may go on with more steps:
+// the others are let go of, still due, for the next keeper to hand out again, so one shard's
+// flood never holds up the shards claimed with it.
 func (w *Wheel) advanceDue(wk *worker, now int64) {
 	mine := wk.due[:1]
 	for _, s := range wk.due[1:] {
-		c := chunkPool.Get().(*chunk)
-		c.adv, c.now = s, now
-		if !w.offer(wk, c) {
+		if len(w.pool.queue) < int(w.idle.Load()) {
+			c := chunkPool.Get().(*chunk)
+			c.adv, c.now = s, now
+			if w.offer(wk, c) {
+				continue
+			}
 			c.adv = nil
 			chunkPool.Put(c)
-			mine = append(mine, s) // overwrites an element the loop has read already
 		}
+		mine = append(mine, s) // overwrites an element the loop has read already
 	}
-	for _, s := range mine {
-		w.advanceShard(wk, s, now)
+	for i, s := range mine {
+		w.advanceShard(wk, s, now, i == len(mine)-1)
 	}
 }
 
@@ -286,11 +290,14 @@ func (w *Wheel) advanceDue(wk *worker, now int64) {
 // (offerFired). Before they run, the claim is let go of and the shard's next published into its
 // group, so that a slow callback never holds up the shard: while it runs, the keeper sees the
 // shard due and hands its next step to another worker. Afterwards this goroutine claims the
-// shard again if nobody else has, and goes on with the next step; if somebody has, the rest is
-// theirs. The claim is the only arbiter: whoever holds it advances until the shard is done or
-// lets go and publishes, so no due step is left with nobody to take it.
+// shard again and goes on with the next step only if more is set, another worker keeps time
+// (the keeper role is held: it will see every other shard that comes due meanwhile) and no work
+// waits in the queue; otherwise it returns, to take the queued work or the keeper role, and the
+// shard, still due, is claimed again by the next keeper with every other due shard. The claim is
+// the only arbiter: whoever holds it advances until the shard is done or lets go and publishes,
+// so no due step is left with nobody to take it, and none is taken twice.
 // After Stop it advances no further: what fired already runs, what is pending is Stop's.
-func (w *Wheel) advanceShard(wk *worker, s *shard, now int64) {
+func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 	for {
 		done := true
 		if !w.closed.Load() {
@@ -307,7 +314,8 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64) {
 		w.runRefs(rest, wk)
 		clear(wk.batch)
 		wk.batch = wk.batch[:0]
-		if done || !s.claimed.CompareAndSwap(false, true) {
+		if done || !more || !w.keeper.Load() || len(w.pool.queue) > 0 ||
+			!s.claimed.CompareAndSwap(false, true) {
 			return
 		}
 	}

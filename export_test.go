@@ -24,11 +24,13 @@ var (
 
 // Layout facts pinned by tests.
 var (
-	EntrySize      = unsafe.Sizeof(entry{})
-	ShardSlabAt    = unsafe.Offsetof(shard{}.slab)
-	ShardOwnerAt   = unsafe.Offsetof(shard{}.mu)
-	ShardHotFields = unsafe.Sizeof(ring{}) + unsafe.Sizeof(shard{}.scheduled) + unsafe.Sizeof(shard{}.stopped)
-	CacheLineSize  = uintptr(cacheLineSize)
+	EntrySize        = unsafe.Sizeof(entry{})
+	ShardTailAt      = unsafe.Offsetof(shard{}.ring) + unsafe.Offsetof(ring{}.tail)
+	ShardSlabAt      = unsafe.Offsetof(shard{}.slab)
+	ShardOwnerAt     = unsafe.Offsetof(shard{}.mu)
+	ShardSize        = unsafe.Sizeof(shard{})
+	MallocHeaderSize = uintptr(mallocHeaderSize)
+	CacheLineSize    = uintptr(cacheLineSize)
 )
 
 // TestWheel drives one bare hierarchical wheel, as a shard does, with entries named by int ids.

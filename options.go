@@ -174,9 +174,14 @@ func WithRingSize(n int) Option {
 	}
 }
 
-// WithMaxPending limits the number of pending timers; scheduling past it returns
-// ErrTooManyTimers. 0 (the default) means no limit. The limit costs one shared atomic counter on
-// the scheduling path, which is why it is off by default.
+// WithMaxPending limits the number of pending timers; scheduling past it returns an error that
+// names the limit and is an ErrTooManyTimers (errors.Is). 0 (the default) means no limit.
+//
+// The bound is exact: never more than n timers are pending, with no slack. It is striped over
+// the shards (a stock of free places per shard, refilled from a reserve in batches of up to 256),
+// so that the scheduling path writes no counter shared by all producers. The price is on the
+// other side of the bound: while goroutines move places between shards, a call may be refused
+// with a few fewer than n pending; once the wheel is quiet, n timers are always accepted.
 func WithMaxPending(n int) Option {
 	return func(o *options) error {
 		if n < 0 {

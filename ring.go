@@ -43,13 +43,14 @@ const ringClosed = uint64(1) << 63
 // drains the ring into the wheel itself (shard.send): it never fails a command, and it never spins
 // while another goroutine holds the mutex, because it sleeps on the mutex instead.
 //
-// The producer side (tail, mask, slots) shares the shard's first cache line with the shard's
-// other producer-written words; head, which the consumer writes, is on the line after (shard.go).
+// mask and slots, read on every push and pop, come first: they end the shard's read-only line.
+// tail and stalledAt start the shard's producer line, with the shard's other producer-written
+// words; head, which the consumer writes, is on a line of its own further down (shard.go).
 type ring struct {
-	tail      atomic.Uint64
-	stalledAt atomic.Uint64
 	mask      uint64     // immutable after init
 	slots     []ringSlot // immutable after init (the slice, not the slots)
+	tail      atomic.Uint64
+	stalledAt atomic.Uint64
 }
 
 type ringSlot struct {

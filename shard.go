@@ -13,54 +13,79 @@ import (
 // correctness). Only the shard header is padded: never entries or buckets, which number millions.
 const cacheLineSize = 64
 
+// mallocHeaderSize is what Go's allocator puts in front of a heap object of more than 512 bytes
+// that holds pointers (since Go 1.22): its type, 8 bytes. Such objects start on a multiple of 64
+// bytes (their size classes are multiples of 64 and spans are page aligned), so a shard's own
+// bytes start 8 bytes into a cache line. The shard's layout takes that into account: its first
+// cacheLineSize-mallocHeaderSize bytes are read-only fields, and its producer line starts a cache
+// line in memory. TestShardAlignment checks the real addresses of every shard of a Wheel.
+const mallocHeaderSize = 8
+
 // shard is one slice of the Wheel: a ring that carries commands in, a hierarchical wheel with its
 // bucket heap, the slab its entries live in, and the entries linked into the wheel. A producer
 // picks a shard once per AfterFunc (Wheel.takeShard) and the Timer remembers it, so Stop and
 // Reset go straight back to it.
 //
-// The first cache line is what producers write: the ring's tail and the counters of scheduled and
-// stopped timers. It is written by the goroutines of (mostly) one P, because takeShard maps a P
-// to a shard.
+// Its lines in memory (the first one begins with the allocator's header, see mallocHeaderSize):
 //
-// The second is the slab's (pool.go): its free stack is lock-free, used by producers and by
-// whoever frees an entry. The Wheel pointer and the published next deadline sit there too.
-//
-// Everything after that is owned by whoever holds mu: the clock goroutine while it advances the
-// shard, or a producer that found the ring full and drains it itself. A linked entry changes
-// hands only there: a producer hands an entry over by publishing a command; the holder of mu
-// takes it by popping the command.
+//  0. Read-only after init: the Wheel, the group, expireFn, and the ring's mask and slots, which
+//     producers and the consumer read on every push and pop. Nobody writes this line.
+//  1. What producers write: the ring's tail (and stalledAt, which the consumer writes when it
+//     stalls), the counters of scheduled and stopped timers and the WithMaxPending stock. It is
+//     written by the goroutines of (mostly) one P, because takeShard maps a P to a shard, and by
+//     Stop and Reset of this shard's timers from any P.
+//  2. The slab's (pool.go): its free stack is lock-free, used by producers and by whoever frees
+//     an entry. The published next deadline sits there too: producers read it on every arm and
+//     the holder of mu writes it after each advance; both kept off the owner's lines below.
+//  3. and on: everything owned by whoever holds mu: a worker while it advances the shard, or a
+//     producer that found the ring full and drains it itself. A linked entry changes hands only
+//     there: a producer hands an entry over by publishing a command; the holder of mu takes it by
+//     popping the command.
 type shard struct {
-	ring      ring                                              // producer side; see ring.go
-	scheduled atomic.Uint64                                     // timers accepted on this shard (each Every run counts once)
-	stopped   atomic.Uint64                                     // Timer.Stop calls that reported true for timers of this shard
-	_         [cacheLineSize - unsafe.Sizeof(ring{}) - 2*8]byte // the sum is pinned by a test
+	w        *Wheel               // immutable
+	g        *group               // immutable: the group whose summary covers this shard (expiry.go)
+	expireFn func(uint32, *entry) // s.expire, made once so that advance allocates nothing; immutable
+	// ring: its read-only mask and slots end line 0; its tail starts line 1 (pinned by a test).
+	ring      ring
+	scheduled atomic.Uint64 // timers accepted on this shard (each Every run counts once)
+	stopped   atomic.Uint64 // Timer.Stop calls that reported true for timers of this shard
+	credit    atomic.Int64  // WithMaxPending: this shard's stock of free credits (pending.go)
+	_         [2*cacheLineSize - mallocHeaderSize - unsafe.Sizeof(shardLine0{}) - unsafe.Sizeof(shardLine1{})]byte
 
-	// The second line is the slab's: its free stack is popped by producers and pushed by
-	// whoever frees (the holder of mu, workers). It also holds w, which producers read (Stop,
-	// Reset, noteDeadline), and next, which producers read on every arm and the holder of mu
-	// writes after each advance: both kept off the owner's lines below.
 	slab slab
-	w    *Wheel       // immutable
-	g    *group       // immutable: the group whose summary covers this shard (expiry.go)
 	next atomic.Int64 // a lower bound of the earliest deadline in the ring or the wheel (ticks)
-	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 3*8]byte
+	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 8]byte
 
-	mu       sync.Mutex
-	head     uint64               // the ring's consumer position; owned by the holder of mu
-	tw       wheel                // owned by the holder of mu
-	expireFn func(uint32, *entry) // s.expire, made once so that advance allocates nothing
-	freed    freeBatch            // entries freed by the current drain; owned by the holder of mu
-	fired    []ref                // entries the current advance step fired; owned by the holder of mu
+	mu    sync.Mutex
+	head  uint64    // the ring's consumer position; owned by the holder of mu
+	tw    wheel     // owned by the holder of mu
+	freed freeBatch // entries freed by the current drain; owned by the holder of mu
+	fired []ref     // entries the current advance step fired; owned by the holder of mu
 
-	// claimed is set while one goroutine advances the shard on the system clock, across the
-	// steps of a flood (it lets go of mu between them): the keeper claims a due shard (CAS
-	// false -> true) and the goroutine that advanced it clears it. Atomic; the keeper reads it.
+	// claimed is set while one goroutine advances the shard on the system clock (it lets go of
+	// mu between steps): the keeper claims a due shard (CAS false -> true), and its advancer
+	// clears it before it runs a step's callbacks and may claim it again by CAS to take the next
+	// step (expiry.go, advanceShard). Atomic; the keeper reads it.
 	claimed atomic.Bool
 
 	// Shards are allocated one by one; this keeps the owner's fields above off the cache line
-	// of whatever the allocator puts next, which may be another shard's producer line.
+	// of whatever the allocator puts next, which may be another shard's read-only line.
 	_ [cacheLineSize]byte
 }
+
+// shardLine0 and shardLine1 mirror the shard's first fields, only to size the pad after them.
+type (
+	shardLine0 struct {
+		w        *Wheel
+		g        *group
+		expireFn func(uint32, *entry)
+		mask     uint64
+		slots    []ringSlot
+	}
+	shardLine1 struct {
+		tail, stalledAt, scheduled, stopped, credit uint64
+	}
+)
 
 func (s *shard) init(w *Wheel, ringSize int) {
 	s.w = w

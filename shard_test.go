@@ -209,7 +209,10 @@ func TestWheelBitmapMatchesSlots(t *testing.T) {
 // TestLayout pins the sizes that the memory and false-sharing claims rest on.
 func TestLayout(t *testing.T) {
 	require.Equal(t, uintptr(48), sw.EntrySize, "an entry must stay 48 bytes: the memory per pending timer rests on it")
-	require.Equal(t, sw.CacheLineSize, sw.ShardHotFields, "the producers' fields fill exactly one line")
-	require.Equal(t, sw.CacheLineSize, sw.ShardSlabAt, "the slab's free stack starts on the next line")
-	require.Equal(t, 2*sw.CacheLineSize, sw.ShardOwnerAt, "the owner's fields start on the line after it")
+	line := sw.CacheLineSize
+	start := line - sw.MallocHeaderSize // the shard's offset 0 is this far into its first line
+	require.Equal(t, start, sw.ShardTailAt, "the ring's tail starts the producers' line")
+	require.Equal(t, start+line, sw.ShardSlabAt, "the slab's free stack starts the next line")
+	require.Equal(t, start+2*line, sw.ShardOwnerAt, "the owner's fields start the line after it")
+	require.Zero(t, (sw.ShardSize+sw.MallocHeaderSize)%line, "a shard ends on a line")
 }

@@ -38,7 +38,8 @@ import (
 var (
 	// ErrClosed is returned when scheduling on a Wheel that was stopped.
 	ErrClosed = errors.New("shardwheel: wheel is stopped")
-	// ErrTooManyTimers is returned when scheduling would exceed WithMaxPending.
+	// ErrTooManyTimers is what scheduling past WithMaxPending (or past what a shard's slab holds)
+	// returns: wrapped in an error that names the limit, so test for it with errors.Is.
 	ErrTooManyTimers = errors.New("shardwheel: too many pending timers (WithMaxPending reached)")
 	// ErrNilFunc is returned when the callback is nil.
 	ErrNilFunc = errors.New("shardwheel: callback func is nil")
@@ -60,6 +61,9 @@ type Wheel struct {
 	manualBase int64        // manual.elapsed when the wheel started
 
 	closed atomic.Bool // set once by Stop; scheduling calls then fail fast
+	pick   picker      // which shard a producer arms on (pick.go; pick_race.go under -race)
+
+	creditBatch int64 // WithMaxPending credits a shard takes from the reserve at once (pending.go)
 
 	// Above: read by every producer, written once. Below: written by the advancer at every
 	// round; the pad keeps those writes off the producers' line.
@@ -69,6 +73,10 @@ type Wheel struct {
 	advMu    sync.Mutex   // serialises manual advances with each other and with Stop
 	advancer atomic.Int64 // goroutine id of the manual advancer while it runs (for Stop from a callback)
 	batch    []ref        // entries fired in the current round; owned by the manual advancer
+	// advOnWorker: the manual advancer is one of the wheel's workers (Advance from a callback),
+	// which must never wait for room in the queue that it alone may be there to empty.
+	// Owned by the manual advancer.
+	advOnWorker bool
 	// trim gives idle chunks back (trim.go); owned by the advancer: the manual one, or the keeper
 	// (one worker at a time; the role's hand-over, an atomic store and CAS, orders their uses).
 	trim trimmer
@@ -82,15 +90,29 @@ type Wheel struct {
 	target atomic.Int64  // tick the keeper sleeps until; awake while no keeper sleeps
 	wake   chan struct{} // producers signal the keeper: an earlier deadline (cap 1)
 	nudge  chan struct{} // release signals idle workers: the keeper role is free (cap 1)
-	idle   atomic.Int32  // workers blocked waiting for queued work (followers and a sleeping keeper)
+	idle   atomic.Int32  // followers blocked waiting for queued work or the keeper role (expiry.go)
 	quit   chan struct{} // closed by Stop: workers finish what they hold and exit
 
-	stopOnce sync.Once
-	stopped  chan struct{} // closed when the first Stop has finished
+	// Stop: the first call wins stopping (CAS) and runs stop; closing is closed as it starts
+	// (a manual advancer blocked on a full queue stops waiting for room, see dispatch), stopped
+	// once it has finished. Later calls wait on stopped, unless they run on one of the goroutines
+	// the first Stop may be waiting for (a worker, or the manual advancer): those return at once.
+	stopping atomic.Bool
+	closing  chan struct{}
+	stopped  chan struct{}
+	// rerun: ManualClock.Advance was called from a worker's callback while another goroutine
+	// held advMu; the holder advances again before it lets go (clock.go, advanceManual).
+	rerun atomic.Bool
 
 	// Counters off the producers' path, all rare events (fires are counted in pool.fired).
 	rejected, panics, dropped *xsync.Counter
-	pending                   atomic.Int64 // only with WithMaxPending; shared by design
+	// credit is WithMaxPending's reserve (pending.go): atomic, touched only when a shard's own
+	// stock runs dry or overflows, and by Stop.
+	credit atomic.Int64
+
+	// Wheels are allocated one by one: this keeps the fields above off the line of whatever the
+	// allocator puts next.
+	_ [cacheLineSize]byte
 }
 
 // New starts a Wheel and its workers (one with WithWorkers(0) on the system clock, which runs
@@ -110,6 +132,7 @@ func New(opts ...Option) (*Wheel, error) {
 		opts:     o,
 		tick:     int64(o.tick),
 		lastTick: (math.MaxInt64-1)/int64(o.tick) + 1,
+		closing:  make(chan struct{}),
 		stopped:  make(chan struct{}),
 		rejected: xsync.NewCounter(),
 		panics:   xsync.NewCounter(),
@@ -120,6 +143,10 @@ func New(opts ...Option) (*Wheel, error) {
 		w.manualBase = m.elapsed.Load()
 	} else {
 		w.base = time.Now()
+	}
+	if o.maxPending > 0 {
+		w.credit.Store(int64(o.maxPending))
+		w.creditBatch = creditBatch(o.maxPending, o.shards)
 	}
 	w.target.Store(awake) // no keeper yet; with a manual clock never one: Advance drives the wheel
 	w.wake = make(chan struct{}, 1)
@@ -175,37 +202,31 @@ func (w *Wheel) reject(err error) (Timer, error) {
 // schedule arms an entry on the caller's P's shard and publishes it. The steps: take an entry
 // from the shard's slab (arming bumps its gen), fill it, read the clock, publish the add command
 // (the ring orders the plain writes before it), count it, and note its deadline so that the
-// clock goroutine wakes if it is the earliest. A periodic entry has f nil and an *every as arg.
+// keeper wakes if it is the earliest. A periodic entry has f nil and an *every as arg.
 func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 	if w.closed.Load() {
 		return w.reject(ErrClosed)
 	}
-	if !w.reservePending() {
-		return w.reject(ErrTooManyTimers)
+	s := w.takeShard()
+	if !s.reservePending() {
+		return w.reject(errMaxPending{w.opts.maxPending})
 	}
-	tok, s := w.takeShard()
 	i, e, gen := s.slab.newEntry()
 	if e == nil {
-		if tok != nil {
-			shardTokens.Put(tok)
-		}
-		w.releasePending(1)
+		s.releasePending(1)
 		return w.reject(slabFull())
 	}
 	e.f, e.arg = f, arg
 	when := w.deadline(d)
 	e.when.Store(when)
 	ok, contended := s.send(i, gen, opAdd)
-	if tok != nil {
-		if contended {
-			tok.n++ // another P uses this shard too: the loser of the race moves on
-		}
-		shardTokens.Put(tok)
+	if contended {
+		w.noteContention(s) // another P may share this shard: see picker
 	}
 	if !ok {
 		// Stop closed the ring after the check above: not accepted.
 		s.slab.freeEntry(i, e)
-		w.releasePending(1)
+		s.releasePending(1)
 		return w.reject(ErrClosed)
 	}
 	s.scheduled.Inc()
@@ -213,54 +234,10 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 	return Timer{s: s, i: i, gen: gen}, nil
 }
 
-// reservePending takes one unit of WithMaxPending, if set.
-func (w *Wheel) reservePending() bool {
-	if w.opts.maxPending == 0 {
-		return true
-	}
-	if w.pending.Inc() > int64(w.opts.maxPending) {
-		w.pending.Dec()
-		return false
-	}
-	return true
-}
-
-// releasePending returns n units of WithMaxPending, if set: a timer fired, was stopped or dropped.
-func (w *Wheel) releasePending(n int64) {
-	if w.opts.maxPending != 0 {
-		w.pending.Sub(n)
-	}
-}
-
 // noteDropped counts n timers that will never run because the wheel stopped.
 func (w *Wheel) noteDropped(n int64) {
 	w.dropped.Add(n)
 	w.releasePending(n)
-}
-
-// shardToken maps a P to a shard. Tokens live in a sync.Pool, whose per-P caches return to each P
-// the token it last put back, so the goroutines of one P keep to one shard without touching any
-// cache line shared by all producers. The pool may hand a token to another P (it steals), and two
-// Ps can then share a shard; a producer that loses a CAS race for its shard's ring moves its token
-// to the next shard, so sharing does not last (xsync's striped counter rehashes the same way).
-type shardToken struct{ n uint32 }
-
-var (
-	shardTokens sync.Pool
-	tokenSeq    atomic.Uint32
-)
-
-// takeShard returns the caller's token (nil with one shard) and its shard. The caller puts the
-// token back when its command is sent.
-func (w *Wheel) takeShard() (*shardToken, *shard) {
-	if len(w.shards) == 1 {
-		return nil, w.shards[0]
-	}
-	t, _ := shardTokens.Get().(*shardToken)
-	if t == nil {
-		t = &shardToken{n: tokenSeq.Inc()} // consecutive tokens: distinct shards for the first Ps
-	}
-	return t, w.shards[t.n%uint32(len(w.shards))]
 }
 
 // Len returns the number of pending timers: scheduled, and neither started nor stopped. A timer
@@ -329,15 +306,14 @@ func isClosed(c chan struct{}) bool {
 // timers never fire; callbacks already running, or already handed to the worker pool, run to
 // their end before Stop returns, and every goroutine the wheel started has exited by then.
 // Safe to call more than once and from several goroutines: later calls wait for the first to
-// finish and return 0. Called from inside a callback, Stop waits for every other callback but not
-// for the one it is called from; with WithWorkers(0) or CallerRuns, the rest of the batch that
-// callback was dispatched with still runs after it returns. After Stop, scheduling returns
+// finish and return 0, except on a goroutine the first may be waiting for (inside a callback),
+// where they return 0 at once. Called from inside a callback, Stop waits for every other callback
+// but not for the one it is called from, and the callbacks that fired with it and were to run
+// after it on the same goroutine still run after Stop returns. After Stop, scheduling returns
 // ErrClosed and Len is 0.
 func (w *Wheel) Stop() int {
-	n := -1
-	w.stopOnce.Do(func() { n = w.stop() })
-	if n >= 0 {
-		return n
+	if w.stopping.CompareAndSwap(false, true) {
+		return w.stop()
 	}
 	self := goid()
 	if w.advancer.Load() != self && !w.isWorker(self) {
@@ -348,6 +324,7 @@ func (w *Wheel) Stop() int {
 
 func (w *Wheel) stop() int {
 	w.closed.Store(true)
+	close(w.closing)
 	self := goid()
 	onAdvancer := w.manual != nil && w.advancer.Load() == self
 

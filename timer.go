@@ -161,7 +161,7 @@ func (t Timer) stopWord(e *entry, w uint64) bool {
 		return false
 	}
 	t.s.stopped.Inc()
-	t.s.w.releasePending(1)
+	t.s.releasePending(1) // the timer's own shard: WithMaxPending is striped (pending.go)
 	return true
 }
 

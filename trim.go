@@ -15,7 +15,7 @@ import (
 // The trimmer runs on the advancer, after an advance (the keeper in keep, advanceManual): it looks at
 // every slab at most once per trimLook, reading one word each, so it costs nothing on the
 // producers' path and next to nothing on the advancer's. While some slab has changed since it
-// was last trimmed, the clock goroutine sleeps at most until the next look; once every slab is
+// was last trimmed, the keeper sleeps at most until the next look; once every slab is
 // trimmed and unchanged, it sleeps as before (an idle wheel stays idle). So a burst's chunks are
 // back within trimQuiet + 2*trimLook after its last timer ended (7 s), and the cost of a trim,
 // one walk of the shard's free list, is paid at most once per trimQuiet of quiet.

@@ -139,14 +139,20 @@ func (w *Wheel) dispatch(batch []ref) {
 	per := max(1, min(w.pool.chunkCap, len(batch)/len(w.pool.done)))
 	for i := 0; i < len(batch); i += per {
 		c := newChunk(batch[i:min(i+per, len(batch))])
-		if w.opts.policy == CallerRuns && !w.offer(other, c) {
+		if (w.opts.policy == CallerRuns || w.advOnWorker) && !w.offer(other, c) {
 			w.runChunk(c, other)
 			continue
 		}
-		if w.opts.policy != CallerRuns {
+		if w.opts.policy != CallerRuns && !w.advOnWorker {
+			// Block, unless Stop has begun: the Stop may run in a worker's callback and wait
+			// for advMu, which this advance holds, while no worker takes from the queue.
 			n := uint64(c.n)
-			w.pool.queue <- c
-			other.pushed.Add(n)
+			select {
+			case w.pool.queue <- c:
+				other.pushed.Add(n)
+			case <-w.closing:
+				w.runChunk(c, other)
+			}
 		}
 	}
 }
@@ -211,7 +217,7 @@ func (w *Wheel) runEntry(r ref, wk *worker, now int64, fb *freeBatch) {
 				fb.add(&r.s.slab, r.i, e)
 				wk.fired.n.Inc()
 				wk.observe(w.lateness(now, when))
-				w.releasePending(1)
+				r.s.releasePending(1) // to the timer's shard: WithMaxPending is striped (pending.go)
 				w.call(f, arg)
 				return
 			}

@@ -80,7 +80,7 @@ func main() {
 		slots = flag.Int("gozero-slots", goZeroSlots, "slots of go-zero's wheel (its tick is 1ms)")
 		gzCap = flag.Int("gozero-cap", -1, "run go-zero at most at this many pending timers (-1 = mode default, 0 = no cap)")
 		idleP = flag.String("idle-profile", "", "write a CPU profile of every idle-CPU window to this directory")
-		only  = flag.String("only", "", "run only the tasks whose name contains this (e.g. sustained, flood, pairs)")
+		only  = flag.String("only", "", "run only the tasks whose name contains this (e.g. sustained, flood, pairs); writes to a temp dir unless -out is given")
 	)
 	flag.Parse()
 	mode := "default"
@@ -108,6 +108,9 @@ func main() {
 		if mode == "quick" {
 			dir = filepath.Join(os.TempDir(), "shardwheel-bench-quick")
 		}
+		if *only != "" { // a partial run must not overwrite the full run's results and plots
+			dir = filepath.Join(os.TempDir(), "shardwheel-bench-only")
+		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		fatal(err)
@@ -118,7 +121,7 @@ func main() {
 	}
 
 	start := time.Now()
-	res := newResults(cfg, "go -C bench run . "+strings.Join(os.Args[1:], " "))
+	res := newResults(cfg, "go -C bench run "+raceFlag+". "+strings.Join(os.Args[1:], " ")) // raceFlag: race.go
 	tasks := plan(cfg, res)
 	if *only != "" {
 		kept := tasks[:0]
@@ -155,9 +158,15 @@ func main() {
 	fmt.Print(md)
 	check(os.WriteFile(filepath.Join(dir, "results.md"), []byte(md), 0o644))
 	check(res.writeJSON(jsonPath))
-	check(plotPairs(res, filepath.Join(dir, "pairs.svg")))
-	check(plotLateness(res, filepath.Join(dir, "lateness.svg")))
-	check(plotSustained(res, filepath.Join(dir, "sustained.svg")))
+	if *only == "" || strings.Contains("pairs", *only) {
+		check(plotPairs(res, filepath.Join(dir, "pairs.svg")))
+	}
+	if *only == "" || strings.Contains("flood", *only) {
+		check(plotLateness(res, filepath.Join(dir, "lateness.svg")))
+	}
+	if *only == "" || strings.Contains("sustained", *only) {
+		check(plotSustained(res, filepath.Join(dir, "sustained.svg")))
+	}
 	fmt.Fprintf(os.Stderr, "bench: %s run took %.0f s; wrote %s, results.md, pairs.svg, lateness.svg, sustained.svg in %s\n",
 		mode, res.Meta.DurationS, jsonPath, dir)
 
@@ -279,6 +288,7 @@ func plan(cfg Config, res *Results) []task {
 				return nil
 			}})
 		}
+		tasks = append(tasks, producersTasks(cfg, res, r, order)...) // producers.go
 		tasks = append(tasks, sustainedTasks(cfg, res, r, order,
 			func() ([]Rec, []Handle) { return slab, hs },
 			func() []Rec { return sustained })...)

@@ -203,6 +203,7 @@ func (r *Results) rows() []row {
 	for _, p := range cfg.Producers {
 		rs = append(rs, row{fmt.Sprintf("scaling_ns/procs=%d", p), fmt.Sprintf("(f) ns/pair, %d producers, %s pending", p, count(cfg.BigN))})
 	}
+	rs = append(rs, producersRows()...) // producers.go
 	rs = append(rs, r.sustainedRows()...)
 	rs = append(rs,
 		row{"ctx_pair_ns", "deadline ctx create+cancel, ns (runtime column: context.WithTimeout)"},
