@@ -356,9 +356,10 @@ func TestStopFromCallback(t *testing.T) {
 		w, err := sw.New(sw.WithWorkers(workers))
 		require.NoError(t, err)
 		res := make(chan int, 1)
-		_, err = w.AfterFunc(time.Millisecond, func() { res <- w.Stop() })
-		require.NoError(t, err)
+		// The hour-long timer is armed first, so that it is pending whenever the callback runs.
 		_, err = w.AfterFunc(time.Hour, func() {})
+		require.NoError(t, err)
+		_, err = w.AfterFunc(time.Millisecond, func() { res <- w.Stop() })
 		require.NoError(t, err)
 		require.Equal(t, 1, <-res, "Stop inside a callback does not wait for itself")
 		require.Zero(t, w.Stop(), "a later Stop waits for the first and returns 0")

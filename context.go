@@ -2,42 +2,63 @@ package shardwheel
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
+// Deadline contexts: WithDeadline, WithTimeout and their Cause forms.
+//
+// The contract (API.md) is "the standard library's, in every observable way". What the standard
+// library does that a custom context type cannot copy decides the design:
+//
+//  1. When a parent is canceled, std runs no user code at all: it closes channels and cancels the
+//     std contexts held in its children map (*cancelCtx, *timerCtx, *afterFuncCtx; the last one
+//     starts a goroutine). So the only contexts that can be done by the time a std parent's cancel
+//     returns are std contexts registered under it.
+//  2. A std context derived from ours through a wrapper (WithValue, a struct embedding ours) costs
+//     no goroutine only if it finds, by Value(&cancelCtxKey), a *cancelCtx whose Done channel is
+//     the wrapper's Done channel; it then sits in that cancelCtx's children map and, when it is
+//     canceled, copies that cancelCtx's err and cause.
+//  3. A std *cancelCtx gets the err it ends with from its cancel func (Canceled), from its parent
+//     (the parent's err), or from its own *time.Timer (*timerCtx only: DeadlineExceeded).
+//
+// Together: under a parent that std can cancel on its own (a std WithCancel, an http request's
+// context), a context whose std descendants end with DeadlineExceeded at the deadline, but end
+// synchronously with the parent, needs a *time.Timer of the runtime; a wheel timer cannot give
+// both (the one *cancelCtx the descendants copy from has one parent edge: to the std parent, or
+// to code of ours, never both). So the wheel supplies the deadline only where every way the
+// context can end is code of this package: the parent chain up to a context that is never done
+// (Background, TODO, WithoutCancel; through WithValue and other wrappers that keep Done) contains
+// only wheel deadline contexts. Everywhere else WithDeadline is context.WithDeadlineCause itself,
+// so that it is identical, not nearly so. See withDeadline.
+//
+// Inside that closed world a deadlineCtx is a custom context (no goroutine, no runtime timer),
+// and std contexts derived from it attach to q, a real std cancelCtx made on first demand:
+// q = context.WithCancel(gate), where the gate (the same object seen through the ctxGate type) is
+// an AfterFunc-er: std registers q's cancellation with it, and the ender of the deadlineCtx calls
+// that registration, which runs q.cancel(false, gate.Err(), context.Cause(gate)) synchronously.
+// So q, and with it every std descendant, ends with the deadlineCtx's own err and cause, before
+// the CancelFunc (or the timer callback, or the wheel parent's ender) returns.
+
 // WithDeadline returns a copy of parent that is done when the wheel reaches t, when the returned
-// CancelFunc is called, or when parent is done, whichever happens first. It is
-// context.WithDeadline with the deadline kept as a timer of this wheel, and code that receives the
-// context cannot tell the two apart:
-//   - Deadline reports t. If parent's deadline is before t, no timer is armed and the result is
-//     context.WithCancel(parent), as in the standard library.
-//   - Err reports nil until the context is done, then context.DeadlineExceeded (the wheel fired
-//     at or after t), context.Canceled (the CancelFunc was called), or parent's Err.
-//   - context.Cause reports the same as Err, except when parent ended the context: then it
-//     reports parent's cause (such as the error passed to a context.CancelCauseFunc).
-//   - Value asks parent. Contexts derived from the result with the standard library see the same
-//     Err and Cause, and are done before the CancelFunc returns.
-//   - A t already reached (on the wheel's clock) gives a context that is done at once, with
-//     context.DeadlineExceeded; so does an already-done parent, with its Err.
+// CancelFunc is called, or when parent is done, whichever happens first: context.WithDeadline
+// with the deadline kept as a timer of this wheel where that changes nothing observable (see
+// withDeadline), and context.WithDeadline itself elsewhere.
 //
-// Parent cancellation reaches the context through context.AfterFunc(parent, ...), never a
-// goroutine per context, and is also checked by Done and Err, so that once parent's cancel has
-// returned, Err and Done of this context already report it.
-//
-// The CancelFunc stops the wheel's timer at once (Len drops), unregisters from parent, and may be
-// called any number of times from any goroutine. It does not block.
-//
-// On a stopped wheel (ErrClosed) or past WithMaxPending (ErrTooManyTimers), WithDeadline returns
-// context.WithDeadline(parent, t) instead, so that the caller's RPC keeps its deadline. It panics
-// if parent is nil, as the standard library does.
+// It panics if parent is nil, as the standard library does.
 func (w *Wheel) WithDeadline(parent context.Context, t time.Time) (context.Context, context.CancelFunc) {
+	return w.WithDeadlineCause(parent, t, nil)
+}
+
+// WithDeadlineCause is WithDeadline, and once the deadline has passed context.Cause of the result
+// reports cause (context.DeadlineExceeded if cause is nil), as context.WithDeadlineCause does.
+// The CancelFunc does not set the cause.
+func (w *Wheel) WithDeadlineCause(parent context.Context, t time.Time, cause error) (context.Context, context.CancelFunc) {
 	if parent == nil {
-		panic("shardwheel: WithDeadline: cannot create context from nil parent")
+		panic("cannot create context from nil parent")
 	}
-	return w.withDeadline(parent, t, t.Sub(w.opts.clock.Now()))
+	return w.withDeadline(parent, t, t.Sub(w.opts.clock.Now()), cause)
 }
 
 // WithTimeout returns w.WithDeadline(parent, now.Add(d)), with now read from the wheel's clock.
@@ -46,134 +67,194 @@ func (w *Wheel) WithDeadline(parent context.Context, t time.Time) (context.Conte
 //	ctx, cancel := w.WithTimeout(ctx, 100*time.Millisecond)
 //	defer cancel()
 func (w *Wheel) WithTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return w.WithTimeoutCause(parent, d, nil)
+}
+
+// WithTimeoutCause returns w.WithDeadlineCause(parent, now.Add(d), cause), now read from the
+// wheel's clock.
+func (w *Wheel) WithTimeoutCause(parent context.Context, d time.Duration, cause error) (context.Context, context.CancelFunc) {
 	if parent == nil {
-		panic("shardwheel: WithTimeout: cannot create context from nil parent")
+		panic("cannot create context from nil parent")
 	}
-	return w.withDeadline(parent, w.opts.clock.Now().Add(d), d)
+	return w.withDeadline(parent, w.opts.clock.Now().Add(d), d, cause)
 }
 
 // withDeadline builds the context for deadline t, which is d from now on the wheel's clock.
-// The steps, in an order that lets each one race with the context's end:
-//  1. Parent already done, or t already reached: end at once; nothing to arm or release.
+//
+// Which parents get a wheel timer (the closed world, see the top of the file), decided as std
+// decides where a child registers: parent.Done() is nil (never canceled), or parent is a
+// deadlineCtx, or parent leads by Value(wheelCtxKey) to a deadlineCtx whose Done is parent's
+// Done (a wrapper that keeps Done; std checks a wrapper's *cancelCtx the same way). A std
+// cancelable context in between answers wheelCtxKey too, but with its own Done, so it falls back.
+// Any other parent gets context.WithDeadlineCause(parent, t, cause); so do a stopped wheel and
+// WithMaxPending (the caller's RPC must not break). With a ManualClock that std context's timer
+// runs on the real clock: t is a time on the manual clock's scale.
+//
+// The steps of the wheel path, in an order that lets each one race with the context's end:
+//  1. The wheel parent has ended, or t is reached: the context is born ended; nothing to release.
 //  2. Arm the timer. If the wheel refuses, nothing is registered yet: fall back to the std lib.
-//  3. Register with parent (which may end the context from another goroutine from now on).
-//  4. Publish both with the armed bit. Whoever ends the context releases the timer and the
-//     registration if it saw armed; if it ended first, step 4 sees that and releases them.
-//     Without a parent that can end it, step 4 is skipped: the timer, the one ender that can
-//     run during construction, has nothing to release, and the CancelFunc runs only after the
-//     constructor has returned, so it may read timer without the bit.
-func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duration) (context.Context, context.CancelFunc) {
+//  3. Link into the wheel parent's list (which may end the context from another goroutine).
+//  4. Publish timer and link with the armed bit. Whoever ends the context releases them if it saw
+//     armed; if it ended first, step 4 sees that and releases them itself.
+func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duration, cause error) (context.Context, context.CancelFunc) {
 	if cur, ok := parent.Deadline(); ok && cur.Before(t) {
-		return context.WithCancel(parent)
+		return context.WithCancel(parent) // std returns exactly this
 	}
-	c := &deadlineCtx{parent: parent, deadline: t}
-	if pdone := parent.Done(); pdone != nil {
-		select {
-		case <-pdone:
-			c.endFromParent()
-			return c, c.cancel
-		default:
+	pw, ok := parent.(*deadlineCtx) // no Done call: that would make pw's q
+	if !ok {
+		if pdone := parent.Done(); pdone != nil {
+			pw, _ = parent.Value(wheelCtxKey).(*deadlineCtx)
+			if pw == nil || pw.Done() != pdone {
+				return context.WithDeadlineCause(parent, t, cause)
+			}
 		}
-		c.state.Store(ctxParentEnds) // before the context is shared: a plain store is enough
+	}
+	c := &deadlineCtx{w: w, parent: parent, deadline: t}
+	if cause != nil {
+		c.x.Store(&ctxExt{cause: cause}) // before the context is shared
+	}
+	if pw != nil {
+		if ps := pw.state.Load() & endMask; ps != 0 {
+			c.state.Store(fromParent(ps)) // before the context is shared: a plain store is enough
+			return c, c.cancel
+		}
 	}
 	if d <= 0 {
-		c.end(endDeadline)
+		c.state.Store(endDeadline)
 		return c, c.cancel
 	}
 	timer, err := w.AfterFuncArg(d, expireDeadline, c)
 	if err != nil {
-		return context.WithDeadline(parent, t)
+		return context.WithDeadlineCause(parent, t, cause)
 	}
 	c.timer = timer
-	if c.state.Load()&ctxParentEnds != 0 {
-		if p, ok := parent.(*deadlineCtx); ok {
-			// A wheel context under a wheel context: a node in the parent's list, no closures.
-			n := &afterFunc{child: c}
-			if p.addAfterFunc(n) {
-				c.pnode = n
-			} else {
-				c.endFromParent()
-			}
+	if pw != nil {
+		if pw.addKid(c) {
+			c.pw = pw
 		} else {
-			c.stopParent = context.AfterFunc(parent, c.endFromParent)
+			c.end(fromParent(pw.state.Load() & endMask))
 		}
-		if old := c.state.Or(ctxArmed); old&endMask != 0 {
-			c.release(old & endMask)
-		}
+	}
+	if old := c.state.Or(ctxArmed); old&endMask != 0 {
+		c.release(old & endMask)
 	}
 	return c, c.cancel
 }
 
 // The state word of a deadlineCtx:
 //
-//	bits 0..1  end      0 live; endCanceled, endDeadline or endParent, set once by the CAS
-//	                    that ends the context (its CancelFunc, the timer, or the parent)
-//	bit  2     armed    set once by the constructor after it wrote timer, stopParent and pnode
-//	bit  3     afters   set under mu by AfterFunc when the list of afterFuncs may be non-empty
-//	bit  4     parent   immutable: parent.Done() is not nil, so parent may end the context
+//	bits 0..2  end     0 live, else how it ended; set once, by the CAS in end
+//	bit  3     armed   set once by the constructor after it wrote timer and pw
+//	bit  4     linked  set under mu once kids or gateF may be non-empty
 const (
-	endMask       uint32 = 3
-	endCanceled   uint32 = 1
-	endDeadline   uint32 = 2
-	endParent     uint32 = 3
-	ctxArmed      uint32 = 1 << 2
-	ctxAfters     uint32 = 1 << 3
-	ctxParentEnds uint32 = 1 << 4
+	endMask           uint32 = 7
+	endCanceled       uint32 = 1 // its CancelFunc
+	endDeadline       uint32 = 2 // its timer, or a deadline already past at construction
+	endParentCanceled uint32 = 3 // its wheel parent ended with Canceled
+	endParentDeadline uint32 = 4 // its wheel parent ended with DeadlineExceeded
+	ctxArmed          uint32 = 1 << 3
+	ctxLinked         uint32 = 1 << 4
 )
 
-// deadlineCtx is the context of WithDeadline and WithTimeout: 128 bytes, one size class, plus
-// the CancelFunc's 16 (std's timerCtx, time.Timer and closures take 272).
+// fromParent is the end code of a context whose wheel parent ended with code.
+func fromParent(code uint32) uint32 {
+	if code == endCanceled || code == endParentCanceled {
+		return endParentCanceled
+	}
+	return endParentDeadline
+}
+
+// errOf is the Err of a context that ended with code (nil while live). Inside the closed world
+// every context ends with Canceled or DeadlineExceeded; other causes reach Cause through Value.
+func errOf(code uint32) error {
+	switch code {
+	case 0:
+		return nil
+	case endCanceled, endParentCanceled:
+		return context.Canceled
+	}
+	return context.DeadlineExceeded
+}
+
+// deadlineCtx is the wheel's deadline context.
 //
 // Ownership, field by field:
-//   - parent, deadline: immutable.
+//   - w, parent, deadline: immutable.
 //   - state: atomic, see the table above.
-//   - done: atomic; nil until Done is first called or the context ends. Done (holding mu) makes
-//     doneCh and CASes done from nil to &doneCh; the goroutine that ends the context swaps in
-//     &closedChan and closes doneCh if it found it. doneCh is written once, before that CAS.
-//   - timer, stopParent, pnode: written by the constructor before it sets armed; read only by
-//     the goroutine that ended the context after seeing armed, or by the constructor if the end
-//     came first (exactly one of the two, decided by the armed bit against the end CAS).
-//   - pend: atomic; set (first CAS wins) by the parent path before its end CAS, read after seeing
-//     endParent.
-//   - afters, aftersDone: guarded by mu.
+//   - timer, pw: written by the constructor before it sets armed; read only by the goroutine that
+//     ended the context after seeing armed, or by the constructor if the end came first (exactly
+//     one of the two, decided by the armed bit against the end CAS).
+//   - prev, next: this context's links in pw's kids list, guarded by pw.mu.
+//   - kids, kidsDone: guarded by mu. kidsDone is set by the ender when it takes the list.
+//   - x: atomic, written once: by the constructor (a cause) or under mu by ext. What only a Cause
+//     form or the first Done, Value(&cancelCtxKey) needs lives there, so that the context of the
+//     hot path (make, cancel) is 128 bytes, one size class below std's timerCtx alone.
 type deadlineCtx struct {
+	w          *Wheel
 	parent     context.Context
 	deadline   time.Time
 	state      atomic.Uint32
-	aftersDone bool
-	done       atomic.Pointer[chan struct{}]
-	doneCh     chan struct{}
+	kidsDone   bool
 	timer      Timer
-	stopParent func() bool
-	pnode      *afterFunc
-	pend       atomic.Pointer[parentEnd]
+	pw         *deadlineCtx
+	prev, next *deadlineCtx
 	mu         sync.Mutex
-	afters     *afterFunc
+	kids       *deadlineCtx
+	x          atomic.Pointer[ctxExt]
 }
 
-// parentEnd is how the parent ended a context: its Err, and for context.Cause the parent's
-// *context.cancelCtx holder when the cause differs from the error (nil otherwise).
-type parentEnd struct {
-	err     error
-	causeCC any
+// ctxExt is the part of a deadlineCtx made on demand.
+//   - cause: immutable (the WithDeadlineCause cause; nil for DeadlineExceeded).
+//   - gateF: guarded by the context's mu (std's registration of q, see ctxGate.AfterFunc).
+//   - q: atomic, written once, under qmu, by lazyQ; lateF is guarded by qmu.
+type ctxExt struct {
+	cause error
+	gateF func()
+	q     atomic.Value // context.Context: the *context.cancelCtx of lazyQ
+	qmu   sync.Mutex
+	lateF func()
 }
 
-// The common parent ends, shared so that the parent path allocates nothing.
+// ext returns c's ctxExt, making it (under mu, so once) on the first call.
+func (c *deadlineCtx) ext() *ctxExt {
+	if x := c.x.Load(); x != nil {
+		return x
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if x := c.x.Load(); x != nil {
+		return x
+	}
+	x := &ctxExt{}
+	c.x.Store(x)
+	return x
+}
+
+// loadQ returns q if it has been published, else nil.
+func (c *deadlineCtx) loadQ() context.Context {
+	if x := c.x.Load(); x != nil {
+		if q := x.q.Load(); q != nil {
+			return q.(context.Context)
+		}
+	}
+	return nil
+}
+
+// wheelCtxKey is the Value key with which a deadlineCtx answers itself, so that a child finds it
+// through wrappers (its address is the key, as std's &cancelCtxKey).
+var wheelCtxKey = new(byte)
+
+// closedChan and neverChan are the gate's Done channels: always closed, and never closed.
 var (
-	parentCanceled = &parentEnd{err: context.Canceled}
-	parentExpired  = &parentEnd{err: context.DeadlineExceeded}
+	closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+	neverChan  = make(chan struct{})
 )
 
-// closedChan is the Done channel of every context that ended before anyone asked for Done.
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
-
-// cancelCtxKey is the key with which context.Cause asks a context for its innermost
-// *context.cancelCtx (the standard library's unexported &cancelCtxKey); Cause trusts the cause
-// it finds there. A deadlineCtx must not let that question through to parent: if it ended on its
-// own, the parent's cancelCtx (not canceled, or canceled later with a cause) would report a
-// cause the context never had. The key is learned once by calling context.Cause on a probe that
-// records what it is asked: no linkname, no unsafe. Should a later Go stop asking, the key stays
-// nil, Value never matches it, and the Cause tests fail loudly.
+// cancelCtxKey is the key with which context.Cause and std's children ask a context for its
+// innermost *context.cancelCtx (the standard library's unexported &cancelCtxKey). It is learned
+// once by calling context.Cause on a probe that records what it is asked: no linkname, no unsafe.
+// Should a later Go stop asking, the key stays nil, Value never matches it, and the ported tests
+// (ctxstd_test.go) fail loudly.
 var cancelCtxKey = func() any {
 	p := &keyProbe{}
 	_ = context.Cause(p)
@@ -195,10 +276,15 @@ func expireDeadline(arg any) { arg.(*deadlineCtx).end(endDeadline) }
 func (c *deadlineCtx) cancel() { c.end(endCanceled) }
 
 // end ends the context with code unless it has ended already. The winner of the CAS, in order:
-// 1. closes Done if one was made (after the end code is visible, so that a reader woken by Done
-// sees Err non-nil); a context that ended with none makes a closed one on demand;
-// 2. runs the afterFuncs, so that std children are done before a CancelFunc returns;
-// 3. releases the timer and the parent registration, if the constructor has published them.
+//  1. takes, under mu, q's registration and the list of wheel children, and closes both to
+//     later registrations;
+//  2. cancels q (closing Done and ending every std descendant, with this context's err and
+//     cause), then ends each wheel child (which does the same for its own subtree);
+//  3. releases the timer and the link in the wheel parent, if the constructor has published them.
+//
+// All of it runs before the CancelFunc, the timer callback or the parent's end returns: when any
+// of them returns, the whole subtree is done. Nothing here blocks (q.cancel takes std's locks
+// briefly; children's ends recurse down a finite tree, as std's cancel does).
 func (c *deadlineCtx) end(code uint32) {
 	var s uint32
 	for {
@@ -210,179 +296,161 @@ func (c *deadlineCtx) end(code uint32) {
 			break
 		}
 	}
-	if c.done.Load() != nil {
-		c.closeDone()
+	if s&ctxLinked != 0 {
+		c.mu.Lock()
+		var f func()
+		if x := c.x.Load(); x != nil {
+			f, x.gateF = x.gateF, nil
+		}
+		kids := c.kids
+		c.kids, c.kidsDone = nil, true
+		for k := kids; k != nil; k = k.next {
+			k.prev = nil // taken: removeKid of k reports false from now on
+		}
+		c.mu.Unlock()
+		if f != nil {
+			f()
+		}
+		for k := kids; k != nil; {
+			next := k.next
+			k.end(fromParent(code))
+			k = next
+		}
 	}
-	if s&ctxAfters != 0 {
-		c.runAfterFuncs()
-	}
-	if s&ctxArmed != 0 || code == endCanceled {
+	if s&ctxArmed != 0 {
 		c.release(code)
 	}
 }
 
-// closeDone swaps in the closed channel and closes the channel it replaced, if any. The ender
-// calls it if it finds done set, and lazyDone if it finds the context ended after publishing a
-// channel; one of the two always does (each writes before it reads what the other writes), and
-// the Swap gives the channel to exactly one of them.
-func (c *deadlineCtx) closeDone() {
-	if d := c.done.Swap(&closedChan); d != nil && d != &closedChan {
-		close(*d)
-	}
-}
-
-// release stops the timer (unless it is what fired) and unregisters from the parent. It is called
-// once: by the ender if it saw the armed bit, or by the constructor if the end came first; or by
-// the CancelFunc, which runs only after the constructor has returned and so needs no bit.
+// release stops the timer (unless it is what fired: the wheel has let go of the entry then) and
+// unlinks the context from its wheel parent (unless the parent ended it: the parent took its list).
+// After it, the wheel holds nothing of the context: Timer.Stop drops the entry's arg at once.
 func (c *deadlineCtx) release(code uint32) {
 	if code != endDeadline {
 		c.timer.Stop()
 	}
-	if c.pnode != nil {
-		c.parent.(*deadlineCtx).removeAfterFunc(c.pnode)
-	} else if c.stopParent != nil {
-		c.stopParent()
+	if c.pw != nil && code != endParentCanceled && code != endParentDeadline {
+		c.pw.removeKid(c)
 	}
 }
 
-// endFromParent ends the context with the parent's error and cause, read now, once the parent is
-// done. It allocates only for an error or cause other than Canceled and DeadlineExceeded.
-func (c *deadlineCtx) endFromParent() {
-	if c.state.Load()&endMask != 0 {
+// addKid links k into c's list and reports true, or reports false if c has ended. The linked bit
+// is set after linking and under mu: an ender whose CAS saw the bit takes the list (under mu, so
+// after this call); one whose CAS came first made our Or see its end code, and then k is unlinked
+// again and ended by the caller.
+func (c *deadlineCtx) addKid(k *deadlineCtx) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.kidsDone {
+		return false
+	}
+	k.next = c.kids
+	if k.next != nil {
+		k.next.prev = k
+	}
+	c.kids = k
+	if old := c.state.Or(ctxLinked); old&endMask != 0 {
+		c.unlinkLocked(k)
+		return false
+	}
+	return true
+}
+
+// removeKid unlinks k if it is still in c's list. A kid is in the list if and only if it is the
+// head or has a prev; the ender clears prev of every kid it takes.
+func (c *deadlineCtx) removeKid(k *deadlineCtx) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if k.prev == nil && c.kids != k {
 		return
 	}
-	err := c.parent.Err()
-	if err == nil {
-		return // not done after all; nothing to do
+	c.unlinkLocked(k)
+}
+
+func (c *deadlineCtx) unlinkLocked(k *deadlineCtx) {
+	if k.prev != nil {
+		k.prev.next = k.next
+	} else {
+		c.kids = k.next
 	}
-	cause := context.Cause(c.parent)
-	var pe *parentEnd
-	switch {
-	case err == context.Canceled && cause == context.Canceled:
-		pe = parentCanceled
-	case err == context.DeadlineExceeded && cause == context.DeadlineExceeded:
-		pe = parentExpired
-	default:
-		// A canceled std context that carries the cause, so that Value can hand its cancelCtx to
-		// context.Cause.
-		cc, cancel := context.WithCancelCause(context.Background())
-		cancel(cause)
-		pe = &parentEnd{err: err, causeCC: cc.Value(cancelCtxKey)}
+	if k.next != nil {
+		k.next.prev = k.prev
 	}
-	c.pend.CompareAndSwap(nil, pe)
-	c.end(endParent)
+	k.prev, k.next = nil, nil
+}
+
+// lazyQ returns q, the std cancelCtx that carries Done and adopts std descendants, making it on
+// the first call: context.WithCancel(gate). Made while c is live, q registers through
+// gate.AfterFunc and is canceled by c's ender; made after c ended, std sees the gate's closed Done
+// and q is born canceled with c's err and cause. The one race, c ending inside WithCancel between
+// those two checks, is caught in gate.AfterFunc, which leaves the call to us (lateF): it cannot
+// call it itself, std holds q's mutex around AfterFunc. q is published only after that call, so
+// whoever gets q from lazyQ after c's ender returned gets it canceled.
+func (c *deadlineCtx) lazyQ() context.Context {
+	if q := c.loadQ(); q != nil {
+		return q
+	}
+	x := c.ext()
+	x.qmu.Lock()
+	defer x.qmu.Unlock()
+	if q := x.q.Load(); q != nil {
+		return q.(context.Context)
+	}
+	q, qcancel := context.WithCancel((*ctxGate)(c))
+	_ = qcancel // never called: q ends only through the gate, with c's err and cause
+	if f := x.lateF; f != nil {
+		x.lateF = nil
+		f()
+	}
+	x.q.Store(q)
+	return q
 }
 
 // Deadline returns the deadline the context was made with; ok is always true.
 func (c *deadlineCtx) Deadline() (deadline time.Time, ok bool) { return c.deadline, true }
 
-// Done returns a channel that is closed when the context ends. It is made on the first call; a
-// context that ended before that returns an already closed channel. Once the context has ended
-// (also through a parent whose cancel has returned), the channel it returns is closed.
-func (c *deadlineCtx) Done() <-chan struct{} {
-	d := c.done.Load()
-	if d == &closedChan {
-		return closedChan
-	}
-	if !c.pollParent() {
-		if d != nil {
-			return *d
-		}
-		return c.lazyDone()
-	}
-	// Ended: the channel is closed, or is being closed by whoever took it in closeDone, which
-	// runs no other code first; wait for that, so that Err != nil and an open Done are never
-	// seen together.
-	ch := c.lazyDone()
-	if ch != closedChan {
-		<-ch
-	}
-	return ch
-}
+// Done returns q's Done channel: the same channel on every call, closed by the ender (or born
+// closed) before Err reports non-nil.
+func (c *deadlineCtx) Done() <-chan struct{} { return c.lazyQ().Done() }
 
-// lazyDone returns the Done channel, making it if there is none: the shared closed channel if
-// the context has ended, or doneCh (made under mu, so that it has one writer) if not.
-func (c *deadlineCtx) lazyDone() chan struct{} {
-	if d := c.done.Load(); d != nil {
-		return *d
-	}
-	if c.state.Load()&endMask != 0 {
-		c.done.CompareAndSwap(nil, &closedChan)
-		return *c.done.Load()
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.doneCh == nil {
-		c.doneCh = make(chan struct{})
-	}
-	if !c.done.CompareAndSwap(nil, &c.doneCh) {
-		return *c.done.Load()
-	}
-	if c.state.Load()&endMask != 0 {
-		c.closeDone() // the ender may have looked at done before our CAS
-	}
-	return c.doneCh
-}
-
-// Err returns nil while the context is live, then the reason it ended. A non-nil Err implies
-// that Done is closed.
+// Err returns nil while the context is live, then Canceled or DeadlineExceeded. If q has been
+// made (so a Done channel may be out), it waits for q's Done to close first: the ender closes it
+// right after its CAS, and a late registration is completed before q is published. So a non-nil
+// Err implies that every Done channel handed out is closed, as in std (golang/go#75533).
 func (c *deadlineCtx) Err() error {
-	s := c.state.Load()
-	if s&endMask == 0 {
-		if !c.pollParent() {
-			return nil
-		}
-		s = c.state.Load()
-	}
-	if c.done.Load() != &closedChan {
-		c.Done() // waits while the ender is between its CAS and closing Done
-	}
-	switch s & endMask {
-	case endCanceled:
-		return context.Canceled
-	case endDeadline:
-		return context.DeadlineExceeded
-	}
-	return c.pend.Load().err
-}
-
-// pollParent ends the context if the parent is done (its AfterFunc may not have run yet) and
-// reports whether the context has ended.
-func (c *deadlineCtx) pollParent() bool {
-	s := c.state.Load()
-	if s&endMask != 0 {
-		return true
-	}
-	if s&ctxParentEnds == 0 {
-		return false
-	}
-	select {
-	case <-c.parent.Done():
-		c.endFromParent()
-		return c.state.Load()&endMask != 0
-	default:
-		return false
-	}
-}
-
-// Value returns parent's value for key. The one exception is context.Cause's key (see
-// cancelCtxKey): the context answers it with a cancelCtx holding the parent's cause if the parent
-// ended it with a cause of its own, and with nil otherwise, so that Cause falls back to Err.
-func (c *deadlineCtx) Value(key any) any {
-	if cancelCtxKey != nil && key == cancelCtxKey {
-		if c.state.Load()&endMask == endParent {
-			return c.pend.Load().causeCC
-		}
+	code := c.state.Load() & endMask
+	if code == 0 {
 		return nil
+	}
+	if q := c.loadQ(); q != nil {
+		<-q.Done()
+	}
+	return errOf(code)
+}
+
+// Value answers std's &cancelCtxKey with q (so that std contexts derived from this one, directly
+// or through wrappers, sit in q's children map, and context.Cause reads q's cause), wheelCtxKey
+// with the context itself, and every other key from parent.
+func (c *deadlineCtx) Value(key any) any {
+	if key == wheelCtxKey {
+		return c
+	}
+	if cancelCtxKey != nil && key == cancelCtxKey {
+		return c.lazyQ()
 	}
 	return c.parent.Value(key)
 }
 
-// String describes the context as the standard library's contexts do.
+// String describes the context as std's timerCtx does, the time left read on the wheel's clock.
 func (c *deadlineCtx) String() string {
-	name := fmt.Sprintf("%T", c.parent)
-	if s, ok := c.parent.(fmt.Stringer); ok {
-		name = s.String()
+	return contextName(c.parent) + ".WithDeadline(" + c.deadline.String() + " [" +
+		c.deadline.Sub(c.w.opts.clock.Now()).String() + "])"
+}
+
+// contextName is std's: the String of a Stringer, else the dynamic type.
+func contextName(c context.Context) string {
+	if s, ok := c.(interface{ String() string }); ok {
+		return s.String()
 	}
-	return name + ".WithDeadline(" + c.deadline.String() + ")"
+	return typeName(c)
 }

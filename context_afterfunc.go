@@ -1,99 +1,87 @@
 package shardwheel
 
-// The list of callbacks a deadlineCtx runs when it ends: registrations through its AfterFunc
-// method (how context.AfterFunc and the standard library's children attach without a goroutine)
-// and child deadlineCtx of this wheel, linked directly.
+import (
+	"context"
+	"reflect"
+	"time"
+)
 
-// afterFunc is one callback to run when a deadlineCtx ends: a registration through its AfterFunc
-// method (f), or a child deadlineCtx (child). f and child are immutable; prev and next are
-// guarded by the mu of the context whose list holds the node. A node is in the list, waiting, if
-// and only if it is the head or has a prev; nodes leave with prev == nil.
-type afterFunc struct {
-	prev, next *afterFunc
-	f          func()
-	child      *deadlineCtx
-}
+// ctxGate is a deadlineCtx seen as the parent of its q (see lazyQ): a second method set on the
+// same object, so that the gate costs no allocation. Nobody but std's propagateCancel for q and
+// q's own Value and Cause lookups ever sees it.
+//
+// Std registers q with the gate through AfterFunc, because the gate answers &cancelCtxKey with no
+// *cancelCtx whose Done is the gate's Done (std's parentCancelCtx fails) and it has an AfterFunc
+// method. The func std passes is func() { q.cancel(false, gate.Err(), context.Cause(gate)) }, and
+// the deadlineCtx's ender calls it on its own goroutine; so gate.Err and Cause(gate) are what q,
+// and every std context under q, end with.
+type ctxGate deadlineCtx
 
-// AfterFunc arranges for f to be called when c ends, and returns a func that cancels the
-// arrangement, reporting whether it stopped f from being called. It is the method that
-// context.AfterFunc and the standard library's children use instead of a goroutine per child.
-// f runs on the goroutine that ends c, after Done is closed and before a CancelFunc returns, so it
-// must not block (the standard library passes funcs that cancel a child context, and
-// context.AfterFunc wraps user funcs in a goroutine of their own). If c has already ended, f is
-// called at once in a new goroutine, as context.AfterFunc does.
-func (c *deadlineCtx) AfterFunc(f func()) (stop func() bool) {
-	n := &afterFunc{f: f}
-	if !c.addAfterFunc(n) {
-		go f()
-		return func() bool { return false }
+// Deadline reports the context's deadline (std never asks: propagateCancel does not look at it).
+func (g *ctxGate) Deadline() (time.Time, bool) { return g.deadline, true }
+
+// Done is closed once the context has ended, and a channel that never closes before: std only
+// selects on it once, in propagateCancel, to find a parent that has already ended.
+func (g *ctxGate) Done() <-chan struct{} {
+	if g.state.Load()&endMask != 0 {
+		return closedChan
 	}
-	return func() bool { return c.removeAfterFunc(n) }
+	return neverChan
 }
 
-// addAfterFunc links n into c's list and reports true, or reports false if c has ended. It
-// takes c.mu. The afters bit is set after linking and under mu: an ender whose CAS saw the bit
-// takes the list (under mu, so after this call); one whose CAS came first made our Or see its end
-// code, and then n is unlinked again and left to the caller.
-func (c *deadlineCtx) addAfterFunc(n *afterFunc) bool {
+// Err is the context's err, read from the state word without waiting (std calls it from inside
+// the ender's call of the registered func, before q is canceled).
+func (g *ctxGate) Err() error { return errOf(g.state.Load() & endMask) }
+
+// Value answers &cancelCtxKey with what context.Cause needs to find the context's cause: a
+// canceled std context holding the WithDeadlineCause cause after the deadline, the wheel parent's
+// cancelCtx (through parent.Value) when the parent ended the context, and nil otherwise (so that
+// Cause falls back to Err: Canceled, or DeadlineExceeded without a cause). Other keys go to parent.
+func (g *ctxGate) Value(key any) any {
+	if cancelCtxKey != nil && key == cancelCtxKey {
+		switch g.state.Load() & endMask {
+		case endDeadline:
+			x := g.x.Load()
+			if x == nil || x.cause == nil {
+				return nil
+			}
+			h, set := context.WithCancelCause(context.Background())
+			set(x.cause)
+			return h // a *context.cancelCtx with cause x.cause
+		case endParentCanceled, endParentDeadline:
+			return g.parent.Value(key)
+		}
+		return nil
+	}
+	return g.parent.Value(key)
+}
+
+// AfterFunc takes std's registration of q. It is called once, by lazyQ's context.WithCancel,
+// with q's mutex held, so it must not call f. If the context is live, f is left for the ender
+// (linked bit and gateF under mu, as addKid); if it ended after std checked Done, f is left in
+// lateF for lazyQ to call once WithCancel has returned (lazyQ holds qmu, which guards lateF).
+// lazyQ made the ctxExt before calling WithCancel.
+// The stop func is never called: std calls it only when q is canceled with removeFromParent,
+// that is through q's own CancelFunc, which lazyQ drops.
+func (g *ctxGate) AfterFunc(f func()) (stop func() bool) {
+	c := (*deadlineCtx)(g)
+	x := c.x.Load()
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.aftersDone {
-		return false
-	}
-	n.next = c.afters
-	if n.next != nil {
-		n.next.prev = n
-	}
-	c.afters = n
-	if old := c.state.Or(ctxAfters); old&endMask != 0 {
-		c.unlinkLocked(n)
-		return false
-	}
-	return true
-}
-
-// removeAfterFunc unlinks n if it is still waiting and reports whether it did. It takes c.mu.
-func (c *deadlineCtx) removeAfterFunc(n *afterFunc) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if n.prev == nil && c.afters != n {
-		return false // started, or stopped before
-	}
-	c.unlinkLocked(n)
-	return true
-}
-
-// unlinkLocked removes n from c's list. c.mu must be held.
-func (c *deadlineCtx) unlinkLocked(n *afterFunc) {
-	if n.prev != nil {
-		n.prev.next = n.next
-	} else {
-		c.afters = n.next
-	}
-	if n.next != nil {
-		n.next.prev = n.prev
-	}
-	n.prev, n.next = nil, nil
-}
-
-// runAfterFuncs takes the whole list under mu, closes it to later registrations, and calls each
-// node with no lock held. Taken nodes get prev == nil under mu, so their stop funcs report false
-// from then on and nobody else touches their next pointers.
-func (c *deadlineCtx) runAfterFuncs() {
-	c.mu.Lock()
-	head := c.afters
-	c.afters, c.aftersDone = nil, true
-	for n := head; n != nil; n = n.next {
-		n.prev = nil
+	late := c.kidsDone
+	if !late {
+		x.gateF = f
+		if old := c.state.Or(ctxLinked); old&endMask != 0 {
+			x.gateF, late = nil, true
+		}
 	}
 	c.mu.Unlock()
-	for n := head; n != nil; {
-		next := n.next
-		if n.child != nil {
-			n.child.endFromParent()
-		} else {
-			n.f()
-		}
-		n = next
+	if late {
+		x.lateF = f
 	}
+	return stopNothing
 }
+
+func stopNothing() bool { return false }
+
+// typeName is std's name of a context without a String method: its dynamic type.
+func typeName(c context.Context) string { return reflect.TypeOf(c).String() }

@@ -69,6 +69,11 @@ func (m *wheelImpl) Expire(t *testing.T, ctx context.Context) {
 	dl, ok := ctx.Deadline()
 	require.True(t, ok)
 	m.clock.Advance(max(dl.Sub(m.clock.Now()), 0))
+	if m.w.Len() == 0 {
+		// No wheel timer behind ctx: under a parent that std can cancel, WithTimeout is
+		// context.WithTimeout itself (see withDeadline), whose timer runs on the real clock.
+		waitDone(t, ctx)
+	}
 	requireDone(t, ctx)
 }
 
@@ -420,36 +425,41 @@ func TestContextCancelReleasesTimerAtOnce(t *testing.T) {
 
 func TestContextParentCancelReleasesTimer(t *testing.T) {
 	im := newWheelImpl(t)
-	parent, pcancel := context.WithCancel(context.Background())
+	// A wheel parent: the children get wheel timers (under a std cancelable parent they would be
+	// std contexts, see withDeadline), and its cancel ends and releases all of them before it returns.
+	parent, pcancel := im.w.WithTimeout(context.Background(), 2*time.Hour)
 	ctxs := make([]context.Context, 100)
 	for i := range ctxs {
 		var cancel context.CancelFunc
 		ctxs[i], cancel = im.w.WithTimeout(parent, time.Hour)
 		defer cancel()
 	}
-	require.Equal(t, 100, im.w.Len())
+	require.Equal(t, 101, im.w.Len())
 	pcancel()
+	require.Equal(t, 0, im.w.Len())
 	for _, ctx := range ctxs {
-		waitDone(t, ctx)
-		require.Equal(t, context.Canceled, ctx.Err())
+		requireEnded(t, ctx, context.Canceled, context.Canceled)
 	}
-	waitPending(t, im.w, 0)
 }
 
 func TestContextNoGoroutinePerContext(t *testing.T) {
 	im := newWheelImpl(t)
-	parent, pcancel := context.WithCancel(context.Background())
+	parent, pcancel := im.w.WithTimeout(context.Background(), 2*time.Hour)
 	defer pcancel()
 	before := runtime.NumGoroutine()
-	cancels := make([]context.CancelFunc, 1000)
-	for i := range cancels {
-		_, cancels[i] = im.w.WithTimeout(parent, time.Hour)
+	cancels := make([]context.CancelFunc, 2000)
+	for i := 0; i < len(cancels); i += 2 {
+		// A wheel child through a wrapper, and a std child of it through another.
+		var ctx context.Context
+		ctx, cancels[i] = im.w.WithTimeout(otherCtx{parent}, time.Hour)
+		_, cancels[i+1] = context.WithCancel(otherCtx{ctx})
 	}
+	require.Equal(t, 1+len(cancels)/2, im.w.Len())
 	assert.Less(t, runtime.NumGoroutine()-before, 100)
 	for _, cancel := range cancels {
 		cancel()
 	}
-	require.Equal(t, 0, im.w.Len())
+	require.Equal(t, 1, im.w.Len())
 }
 
 func TestContextFallbackOnStoppedWheel(t *testing.T) {
@@ -556,3 +566,58 @@ func TestContextHammer(t *testing.T) {
 	wg.Wait()
 	waitPending(t, im.w, 0)
 }
+
+// TestContextLazyDoneRace races the first Done (which makes the std cancelCtx behind it, see
+// lazyQ) and std children made through a wrapper against the context's end, by its cancel or by
+// its wheel parent's: once the end has returned, every Done handed out is closed and every child
+// is done, with the context's error.
+func TestContextLazyDoneRace(t *testing.T) {
+	w, err := sw.New()
+	require.NoError(t, err)
+	defer w.Stop()
+	rounds := 2000
+	if testing.Short() {
+		rounds = 200
+	}
+	for i := range rounds {
+		parent, pcancel := w.WithTimeout(context.Background(), 2*time.Hour)
+		ctx, cancel := w.WithTimeout(otherCtx{parent}, time.Hour)
+		end := cancel
+		if i%2 == 1 {
+			end = pcancel
+		}
+		var (
+			wg    sync.WaitGroup
+			done  <-chan struct{}
+			child context.Context
+			ccl   context.CancelFunc
+		)
+		wg.Add(2)
+		go func() { defer wg.Done(); done = ctx.Done() }()
+		go func() { defer wg.Done(); child, ccl = context.WithCancel(otherCtx{ctx}) }()
+		end()
+		if err := ctx.Err(); err != context.Canceled {
+			t.Fatalf("round %d: Err = %v after the end returned", i, err)
+		}
+		wg.Wait()
+		select {
+		case <-done:
+		default:
+			t.Fatalf("round %d: a Done handed out is open after the end", i)
+		}
+		select {
+		case <-child.Done():
+		default:
+			t.Fatalf("round %d: a std child is live after the end", i)
+		}
+		require.Equal(t, context.Canceled, child.Err())
+		require.Equal(t, context.Canceled, context.Cause(child))
+		ccl()
+		cancel()
+		pcancel()
+	}
+	require.Equal(t, 0, w.Len())
+}
+
+// otherCtx is a wrapper that keeps the wrapped context's Done.
+type otherCtx struct{ context.Context }

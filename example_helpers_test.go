@@ -42,23 +42,24 @@ func ExampleWheel_WithTimeout() {
 	// pending timers: 0
 }
 
-// A client that goes away cancels the request's context; the wheel's deadline context under it
-// ends with the same error and cause.
+// A request's time budget and the deadline of one backend call within it, both on the wheel: when
+// the request ends (the client went away), the call's context has ended too, with the same error.
+// (Under a context that the standard library can cancel, such as an http.Request's, WithDeadline
+// is context.WithDeadline itself, timer and all: see the package comment on deadline contexts.)
 func ExampleWheel_WithDeadline() {
 	clock := sw.NewManualClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
 	w, _ := sw.New(sw.WithClock(clock), sw.WithWorkers(0))
 	defer w.Stop()
 
-	request, hangUp := context.WithCancelCause(context.Background())
+	request, hangUp := w.WithTimeout(context.Background(), time.Minute)
 	ctx, cancel := w.WithDeadline(request, clock.Now().Add(time.Second))
 	defer cancel()
 	fmt.Println(ctx.Err(), w.Len())
-	hangUp(fmt.Errorf("client hung up"))
-	<-ctx.Done()
-	fmt.Println(ctx.Err(), "/", context.Cause(ctx))
+	hangUp()
+	fmt.Println(ctx.Err(), "/", context.Cause(ctx), w.Len())
 	// Output:
-	// <nil> 1
-	// context canceled / client hung up
+	// <nil> 2
+	// context canceled / context canceled 0
 }
 
 // conn is a connection of the examples' server.

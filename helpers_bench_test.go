@@ -13,7 +13,9 @@ import (
 
 // BenchmarkWithTimeout measures the RPC deadline: WithTimeout(parent, 1 minute) and its cancel,
 // from GOMAXPROCS goroutines, with live contexts already waiting. The baseline beside it is the
-// standard library's context.WithTimeout; compare them with benchstat on the impl= names.
+// standard library's context.WithTimeout; compare them with benchstat on the impl= names
+// (benchstat -col /impl). cpu-ns/op is the process's CPU time per op, the steadier figure on a
+// busy machine.
 func BenchmarkWithTimeout(b *testing.B) {
 	type withTimeout func(context.Context, time.Duration) (context.Context, context.CancelFunc)
 	impls := []struct {
@@ -44,6 +46,7 @@ func BenchmarkWithTimeout(b *testing.B) {
 				}
 				b.ReportAllocs()
 				b.ResetTimer()
+				cpu0 := cpuTime()
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {
 						_, cancel := withTimeout(parent, time.Minute)
@@ -51,6 +54,9 @@ func BenchmarkWithTimeout(b *testing.B) {
 					}
 				})
 				b.StopTimer()
+				// The process's CPU per op (GC and the wheel's own goroutines included): on a
+				// shared machine, wall time per op mostly measures the neighbours.
+				b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")
 				for _, cancel := range cancels {
 					cancel()
 				}

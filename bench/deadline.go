@@ -79,6 +79,46 @@ func runCtxPairs(f withTimeoutFunc, procs int, dur time.Duration) PairResult {
 	return measureWindow(&ready, &wg, start, &stop, &pairs, dur)
 }
 
+// runCtxRPC is runCtxPairs with the context used as an RPC uses it: the deadline context is
+// made, its Done channel is asked for and polled (as a select in the RPC's I/O would), and it is
+// canceled. With Done asked for, the wheel's context makes the standard cancelCtx that carries it
+// (see the library's context.go), so this is the figure for code that watches its context.
+func runCtxRPC(f withTimeoutFunc, procs int, dur time.Duration) PairResult {
+	var (
+		stop      atomic.Bool
+		pairs     atomic.Int64
+		ready, wg sync.WaitGroup
+		start     = make(chan struct{})
+	)
+	parent := context.Background()
+	for range procs {
+		ready.Add(1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var n int64
+			ready.Done()
+			<-start
+			for i := 0; !stop.Load(); {
+				for end := i + 64; i < end; i++ {
+					ctx, cancel := f(parent, pairDelay(i))
+					select {
+					case <-ctx.Done():
+						panic("deadline context done before its deadline")
+					default:
+					}
+					cancel()
+				}
+				n += 64
+			}
+			pairs.Add(n)
+		}()
+	}
+	ready.Wait()
+	settle()
+	return measureWindow(&ready, &wg, start, &stop, &pairs, dur)
+}
+
 // runCtxCheck creates n deadline contexts due within spread and watches each with
 // context.AfterFunc: its Done must close at or after its deadline, once, with
 // context.DeadlineExceeded.

@@ -283,6 +283,7 @@ func plan(cfg Config, res *Results) []task {
 				defer quiesce() // context.WithTimeout's stopped timers: see quiesce
 				defer closeFn()
 				res.addPairs("ctx_pair", "", k, runCtxPairs(f, cfg.Procs, cfg.PairTime))
+				res.addPairs("ctx_rpc", "", k, runCtxRPC(f, cfg.Procs, cfg.PairTime))
 				res.addCheck(runCtxCheck(k, f, cfg.CtxCheckN, cfg.Procs, cfg.CheckSpread, cfg.Grace, slab))
 				return nil
 			}})

@@ -208,6 +208,8 @@ func (r *Results) rows() []row {
 	rs = append(rs,
 		row{"ctx_pair_ns", "deadline ctx create+cancel, ns (runtime column: context.WithTimeout)"},
 		row{"ctx_pair_allocs", "deadline ctx allocs/op"},
+		row{"ctx_rpc_ns", "deadline ctx create+Done+cancel, ns (runtime column: context.WithTimeout)"},
+		row{"ctx_rpc_allocs", "deadline ctx create+Done+cancel allocs/op"},
 		row{"keyed_move_ns", fmt.Sprintf("keyed re-arm by Move, ns/op, %s keys (runtime: Stop+Reset)", count(cfg.KeyedN))},
 		row{"keyed_move_allocs", "keyed Move allocs/op"},
 		row{"keyed_set_ns", fmt.Sprintf("keyed re-arm by Set, ns/op, %s keys", count(cfg.KeyedN))},
