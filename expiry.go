@@ -12,7 +12,7 @@ import (
 // A Wheel has a fixed set of workers (WithWorkers of them, one with WithWorkers(0)) and no other
 // goroutine. At any moment at most one worker is the keeper (Wheel.keeper): it sleeps until the
 // earliest deadline of any group of shards, or until a producer signals an earlier one. When
-// something is due, it claims the due shards (shard.claimed), gives up the role so that an idle
+// something is due, it claims the due shards (shard.claim), gives up the role so that an idle
 // worker keeps time while it works (release: the next keeper is nudged awake), and becomes the
 // advancer of those shards: it offers all but the first to idle workers through the queue, and
 // advances its own in bounded steps (stepBudget entries per hold of shard.mu), running what each
@@ -239,7 +239,10 @@ func (w *Wheel) collect(now int64, due []*shard) ([]*shard, int64) {
 				m = min(m, n)
 				continue
 			}
-			if s.claimed.CompareAndSwap(false, true) {
+			// A due shard whose advancer runs callbacks (claimRunning) is taken over: its
+			// next step goes to an idle worker rather than wait for those callbacks.
+			if s.claim.CompareAndSwap(claimFree, claimAdvancing) ||
+				s.claim.CompareAndSwap(claimRunning, claimAdvancing) {
 				due = append(due, s)
 			}
 		}
@@ -282,20 +285,28 @@ func (w *Wheel) advanceDue(wk *worker, now int64) {
 	}
 }
 
+// Values of shard.claim.
+const (
+	claimFree int32 = iota
+	claimAdvancing
+	claimRunning
+)
+
 // advanceShard advances a shard that the caller claimed to tick now, in steps of stepBudget
 // entries, each under one hold of s.mu.
 //
 // Each step's callbacks run on this goroutine, right after the step made them (their entries
 // are in this core's cache), except for shares offered to idle workers when there are some
-// (offerFired). Before they run, the claim is let go of and the shard's next published into its
-// group, so that a slow callback never holds up the shard: while it runs, the keeper sees the
-// shard due and hands its next step to another worker. Afterwards this goroutine claims the
-// shard again and goes on with the next step only if more is set, another worker keeps time
-// (the keeper role is held: it will see every other shard that comes due meanwhile) and no work
-// waits in the queue; otherwise it returns, to take the queued work or the keeper role, and the
-// shard, still due, is claimed again by the next keeper with every other due shard. The claim is
-// the only arbiter: whoever holds it advances until the shard is done or lets go and publishes,
-// so no due step is left with nobody to take it, and none is taken twice.
+// (offerFired). While they run the shard is claimRunning and its next is published into its
+// group, so a slow callback never holds the shard up: a keeper that sees it due takes it over
+// and hands its next step to another worker. Afterwards this goroutine takes the shard back
+// (CAS running -> advancing) and goes on with the next step, unless more is unset, work waits in
+// the queue, or another shard is due that nobody advances and nobody keeps time to see
+// (unownedDue): then it lets the shard go (CAS running -> free, published) and returns, to take
+// the queued work or the keeper role; the next keeper claims the shard again with the others.
+// The claim is the only arbiter: whoever moved it to advancing advances until the shard is done
+// or lets go and publishes, so no due step is left with nobody to take it, and none is taken
+// twice.
 // After Stop it advances no further: what fired already runs, what is pending is Stop's.
 func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 	for {
@@ -309,16 +320,51 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 			s.mu.Unlock()
 		}
 		rest := w.offerFired(wk, wk.batch)
-		s.claimed.Store(false)
+		goOn := !done && more
+		if goOn {
+			s.claim.Store(claimRunning)
+		} else {
+			s.claim.Store(claimFree)
+		}
 		w.publishGroup(s)
 		w.runRefs(rest, wk)
 		clear(wk.batch)
 		wk.batch = wk.batch[:0]
-		if done || !more || !w.keeper.Load() || len(w.pool.queue) > 0 ||
-			!s.claimed.CompareAndSwap(false, true) {
+		if !goOn {
 			return
 		}
+		if len(w.pool.queue) > 0 || !w.keeper.Load() && w.unownedDue(s) {
+			if s.claim.CompareAndSwap(claimRunning, claimFree) {
+				w.publishGroup(s)
+			}
+			return
+		}
+		if !s.claim.CompareAndSwap(claimRunning, claimAdvancing) {
+			return // a keeper took it over
+		}
 	}
+}
+
+// unownedDue reports whether a shard other than s may be due with nobody advancing it: a free
+// due shard of s's group, or any other group whose lower bound is due. It reads the clock, so
+// that an advancer that goes on for long still sees shards that came due meanwhile.
+func (w *Wheel) unownedDue(s *shard) bool {
+	now := w.tickAt(w.nanos())
+	for gi := range w.groups {
+		g := &w.groups[gi]
+		if g != s.g {
+			if g.next.Load() <= now {
+				return true
+			}
+			continue
+		}
+		for _, o := range g.shards {
+			if o != s && o.next.Load() <= now && o.claim.Load() == claimFree {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // publishGroup lowers the group's next to the shard's, after the shard's advancer let go of it,

@@ -62,11 +62,12 @@ type shard struct {
 	freed freeBatch // entries freed by the current drain; owned by the holder of mu
 	fired []ref     // entries the current advance step fired; owned by the holder of mu
 
-	// claimed is set while one goroutine advances the shard on the system clock (it lets go of
-	// mu between steps): the keeper claims a due shard (CAS false -> true), and its advancer
-	// clears it before it runs a step's callbacks and may claim it again by CAS to take the next
-	// step (expiry.go, advanceShard). Atomic; the keeper reads it.
-	claimed atomic.Bool
+	// claim says who advances the shard on the system clock (expiry.go), which lets go of mu
+	// between steps: claimFree (nobody), claimAdvancing (one goroutine advances it; nobody else
+	// may), claimRunning (its advancer is running the callbacks of a step and means to come
+	// back for the next one; the keeper may take it over). Only CASes move it from free or
+	// running to advancing; only the goroutine that holds it advancing moves it on.
+	claim atomic.Int32
 
 	// Shards are allocated one by one; this keeps the owner's fields above off the cache line
 	// of whatever the allocator puts next, which may be another shard's read-only line.
