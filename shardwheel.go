@@ -208,7 +208,7 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 		return w.reject(ErrClosed)
 	}
 	s := w.takeShard()
-	if !s.reservePending() {
+	if w.opts.maxPending != 0 && !s.reservePending() { // the check here saves a load of s.w
 		return w.reject(errMaxPending{w.opts.maxPending})
 	}
 	i, e, gen := s.slab.newEntry()
