@@ -135,9 +135,9 @@ const ChunkBytes = chunkBytes
 // SetTrimDelays sets trimQuiet and trimLook and returns the func that restores them. Tests that
 // call it must not run in parallel, and must start their wheels after it.
 func SetTrimDelays(quiet, look time.Duration) (restore func()) {
-	oq, ol := trimQuiet, trimLook
-	trimQuiet, trimLook = quiet, look
-	return func() { trimQuiet, trimLook = oq, ol }
+	oq, ol, oi := trimQuiet, trimLook, trimIdleLook
+	trimQuiet, trimLook, trimIdleLook = quiet, look, 30*look
+	return func() { trimQuiet, trimLook, trimIdleLook = oq, ol, oi }
 }
 
 // TrimQuiet is how long a shard must be quiet before the advancer trims it.

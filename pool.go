@@ -92,6 +92,7 @@ type slab struct {
 	// growMu. held is chunkBytes times the live chunks: written under growMu, read by Stats.
 	genFloor uint64
 	held     atomic.Int64
+	onGrow   func() // called after each grow, so that the trimmer looks again (trim.go); immutable
 }
 
 // at returns the entry with index i (i != 0, handed out by alloc). Any goroutine may call it.
@@ -171,6 +172,9 @@ func (sl *slab) grow() (i uint32, e *entry, full bool) {
 	}
 	sl.chunks.Store(&next)
 	sl.held.Add(chunkBytes)
+	if sl.onGrow != nil {
+		sl.onGrow()
+	}
 	base := uint32(n) << slabChunkBits
 	first := base
 	if first == 0 {

@@ -94,6 +94,7 @@ func (s *shard) init(w *Wheel, ringSize int) {
 	s.next.Store(never)
 	s.tw.elapsed = w.tickAt(w.nanos())
 	s.tw.slab = &s.slab
+	s.slab.onGrow = w.noteGrow
 	s.expireFn = s.expire
 }
 

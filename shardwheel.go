@@ -80,6 +80,9 @@ type Wheel struct {
 	// trim gives idle chunks back (trim.go); owned by the advancer: the manual one, or the keeper
 	// (one worker at a time; the role's hand-over, an atomic store and CAS, orders their uses).
 	trim trimmer
+	// trimDirty: a slab grew since the trimmer's last look (noteGrow). Set by producers, cleared
+	// by the advancer at a look.
+	trimDirty atomic.Bool
 	// stopDeferred: Stop ran inside a callback on the manual advancer, which must finish the
 	// shutdown. Written and read only on the advancer's goroutine.
 	stopDeferred bool

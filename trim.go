@@ -28,12 +28,14 @@ import (
 // trimQuiet and trimLook: see above. Variables only so that tests can shorten them
 // (export_test.go); they are not changed while a wheel runs.
 var (
-	trimQuiet = 5 * time.Second
-	trimLook  = time.Second
+	trimQuiet    = 5 * time.Second
+	trimLook     = time.Second
+	trimIdleLook = 30 * time.Second
 )
 
 // trimmer is the advancer's view of the slabs. Owned by the advancer.
 type trimmer struct {
+	last  int64       // w.nanos() of the last look
 	next  int64       // w.nanos() of the next look; 0 before the first
 	slabs []slabWatch // one per shard, made at the first look
 }
@@ -58,8 +60,17 @@ func (w *Wheel) trimIdle() int64 {
 		}
 	}
 	if now < t.next {
-		return w.tickAt(t.next) + 1 // a look is due then: it may find a burst since the last
+		// A slab that grew since the last look (noteGrow) is looked at within trimLook of it.
+		if due := t.last + int64(trimLook); w.trimDirty.Load() && due < t.next {
+			if now < due {
+				return w.tickAt(due) + 1
+			}
+		} else {
+			return w.tickAt(t.next) + 1
+		}
 	}
+	w.trimDirty.Store(false) // before the look: a grow after this store is seen by the next call
+	t.last = now
 	t.next = now + int64(trimLook)
 	if t.next < now {
 		t.next = never // a manual clock near the end of time
@@ -81,9 +92,24 @@ func (w *Wheel) trimIdle() int64 {
 		watching = true
 	}
 	if !watching {
-		return never
+		// Every slab is trimmed and unchanged: look again only after trimIdleLook (a shard whose
+		// timers all ended without a grow is found then), or within trimLook of a grow. An idle
+		// wheel wakes once per trimIdleLook, not once per trimLook: each wake of an idle process
+		// costs more CPU than it looks (the runtime's own sysmon wakes with it).
+		t.next = now + int64(trimIdleLook)
+	}
+	if t.next < now {
+		t.next = never // a manual clock near the end of time
 	}
 	return w.tickAt(t.next) + 1
+}
+
+// noteGrow records that a slab grew, and wakes the keeper so that the trimmer watches it: only
+// a slab that grew can come to hold more chunks than its timers need (trim gave back all it
+// could at its last trim). Called by a producer in slab.grow, rarely (once per new chunk).
+func (w *Wheel) noteGrow() {
+	w.trimDirty.Store(true)
+	w.signal()
 }
 
 // trim drains the shard's ring, so that the cancels waiting there free their entries, and gives
