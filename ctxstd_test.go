@@ -13,6 +13,9 @@
 // the wheel hands out the standard library's own context (see withDeadline), so the same
 // scenarios are repeated with trees the wheel's timers serve, and check that they do (Len).
 
+//lint:file-ignore SA1029 ported from Go's src/context tests, which use string keys on purpose; kept as written
+//lint:file-ignore SA1019 Go's net_test asserts that DeadlineExceeded reports Temporary(), as the standard library's does
+
 package shardwheel_test
 
 import (

@@ -77,14 +77,14 @@ type shard struct {
 // shardLine0 and shardLine1 mirror the shard's first fields, only to size the pad after them.
 type (
 	shardLine0 struct {
-		w        *Wheel
-		g        *group
-		expireFn func(uint32, *entry)
-		mask     uint64
-		slots    []ringSlot
+		_ *Wheel               // w
+		_ *group               // g
+		_ func(uint32, *entry) // expireFn
+		_ uint64               // the ring's mask
+		_ []ringSlot           // the ring's slots
 	}
 	shardLine1 struct {
-		tail, stalledAt, scheduled, stopped, credit uint64
+		_, _, _, _, _ uint64 // tail, stalledAt, scheduled, stopped, credit
 	}
 )
 
