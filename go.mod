@@ -1,6 +1,6 @@
 module github.com/shardwheel/shardwheel
 
-go 1.25.0
+go 1.25.3
 
 require (
 	github.com/puzpuzpuz/xsync/v3 v3.5.1

@@ -1,6 +1,6 @@
 module github.com/shardwheel/shardwheel/bench
 
-go 1.25.0
+go 1.25.3
 
 replace github.com/shardwheel/shardwheel => ../
 
