@@ -59,13 +59,24 @@ var (
 	goZeroSlots = 1024
 )
 
+// swTick is shardwheel's tick in this run (-tick); 0 keeps the library's default (1 ms).
+var swTick time.Duration
+
+// swOptions are the options every shardwheel instance of the run is made with.
+func swOptions() []sw.Option {
+	if swTick > 0 {
+		return []sw.Option{sw.WithTick(swTick)}
+	}
+	return nil
+}
+
 // newImpl starts a fresh instance of kind k.
 func newImpl(k Kind) (Impl, error) {
 	switch k {
 	case Runtime:
 		return runtimeImpl{}, nil
 	case Shardwheel:
-		w, err := sw.New()
+		w, err := sw.New(swOptions()...)
 		if err != nil {
 			return nil, err
 		}

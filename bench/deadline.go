@@ -26,7 +26,7 @@ func newDeadliner(k Kind) (f withTimeoutFunc, closeFn func(), ok bool, err error
 	case Runtime:
 		return context.WithTimeout, func() {}, true, nil
 	case Shardwheel:
-		w, err := sw.New()
+		w, err := sw.New(swOptions()...)
 		if err != nil {
 			return nil, nil, false, err
 		}

@@ -26,7 +26,7 @@ func newKeyed(k Kind, n int) (KeyedImpl, error) {
 	case Runtime:
 		return &runtimeKeyed{timers: make([]*time.Timer, n)}, nil
 	case Shardwheel:
-		w, err := sw.New()
+		w, err := sw.New(swOptions()...)
 		if err != nil {
 			return nil, err
 		}

@@ -80,6 +80,7 @@ func main() {
 		slots = flag.Int("gozero-slots", goZeroSlots, "slots of go-zero's wheel (its tick is 1ms)")
 		gzCap = flag.Int("gozero-cap", -1, "run go-zero at most at this many pending timers (-1 = mode default, 0 = no cap)")
 		idleP = flag.String("idle-profile", "", "write a CPU profile of every idle-CPU window to this directory")
+		tickF = flag.Duration("tick", 0, "shardwheel's tick (WithTick); 0 keeps the default, 1ms")
 		only  = flag.String("only", "", "run only the tasks whose name contains this (e.g. sustained, flood, pairs); writes to a temp dir unless -out is given")
 	)
 	flag.Parse()
@@ -102,6 +103,7 @@ func main() {
 	}
 	goZeroSlots = *slots
 	idleProfileDir = *idleP
+	swTick = *tickF
 	dir := *out
 	if dir == "" {
 		dir = "out"
