@@ -79,30 +79,16 @@ func bucketOf(d time.Duration) int {
 	return min(bits.Len64(uint64(d)/uint64(time.Microsecond)), histBuckets-1)
 }
 
-// observe counts d in h: a plain increment, for a Histogram that one goroutine owns (a batch's
-// local counts, later added to a shared atomicHistogram with addFrom).
-func (h *Histogram) observe(d time.Duration) { h.Buckets[bucketOf(d)]++ }
-
 // atomicHistogram is a Histogram that one goroutine writes and any goroutine reads: a worker's
 // lateness counts, summed by Stats. Each bucket is atomic, so a reader never sees a torn count;
 // a snapshot of several buckets taken while the writer counts may be off by those in flight, as
-// every counter in Stats may. Writers: only the owner (observe, addFrom). Readers: anyone (addTo).
+// every counter in Stats may. Writers: only the owner (observe). Readers: anyone (addTo).
 type atomicHistogram struct {
 	b [histBuckets]atomic.Uint64
 }
 
 // observe counts d. Called only by the owner.
 func (h *atomicHistogram) observe(d time.Duration) { h.b[bucketOf(d)].Add(1) }
-
-// addFrom adds a local Histogram's counts (the durations of one batch, counted with the plain
-// Histogram.observe): one atomic add per non-empty bucket. Called only by the owner.
-func (h *atomicHistogram) addFrom(o *Histogram) {
-	for i, c := range o.Buckets {
-		if c != 0 {
-			h.b[i].Add(c)
-		}
-	}
-}
 
 // addTo adds h's counts to out (Stats sums the owners' histograms this way). Any goroutine.
 func (h *atomicHistogram) addTo(out *Histogram) {

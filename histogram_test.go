@@ -88,20 +88,9 @@ func TestHistogramAtomic(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		var local sw.Histogram
 		for i := 0; i < n; i++ {
-			d := time.Duration(i%40) * 100 * time.Microsecond
-			if i%2 == 0 {
-				a.Observe(d)
-				continue
-			}
-			local.Observe(d)
-			if local.Count() == 64 { // a batch
-				a.AddFrom(&local)
-				local = sw.Histogram{}
-			}
+			a.Observe(time.Duration(i%40) * 100 * time.Microsecond)
 		}
-		a.AddFrom(&local)
 	}()
 	var last uint64
 	for i := 0; i < 200; i++ {

@@ -2,7 +2,6 @@ package shardwheel
 
 import (
 	"log"
-	"math"
 	"runtime/debug"
 	"time"
 
@@ -50,11 +49,6 @@ type worker struct {
 type paddedCounter struct {
 	n atomic.Uint64
 	_ [cacheLineSize - 8]byte
-}
-
-// observe counts one callback start that was late ns nanoseconds.
-func (wk *worker) observe(ns int64) {
-	wk.late.observe(time.Duration(ns))
 }
 
 // init sizes the pool: goroutines workers that run callbacks (at least one on the system clock,
@@ -136,23 +130,26 @@ func (w *Wheel) dispatch(batch []ref) {
 		w.runRefs(batch, other)
 		return
 	}
+	// Block waits for room, unless this advance runs on a worker (Advance from a callback: it
+	// may be the only one there to make room), and until Stop begins (the Stop may run in a
+	// worker's callback and wait for advMu, which this advance holds). Otherwise, and with
+	// CallerRuns, a chunk the queue has no room for runs here.
+	wait := w.opts.policy == Block && !w.advOnWorker
 	per := max(1, min(w.pool.chunkCap, len(batch)/len(w.pool.done)))
 	for i := 0; i < len(batch); i += per {
 		c := newChunk(batch[i:min(i+per, len(batch))])
-		if (w.opts.policy == CallerRuns || w.advOnWorker) && !w.offer(other, c) {
-			w.runChunk(c, other)
-			continue
-		}
-		if w.opts.policy != CallerRuns && !w.advOnWorker {
-			// Block, unless Stop has begun: the Stop may run in a worker's callback and wait
-			// for advMu, which this advance holds, while no worker takes from the queue.
-			n := uint64(c.n)
-			select {
-			case w.pool.queue <- c:
-				other.pushed.Add(n)
-			case <-w.closing:
+		if !wait {
+			if !w.offer(other, c) {
 				w.runChunk(c, other)
 			}
+			continue
+		}
+		n := uint64(c.n) // once sent, the chunk is the taker's
+		select {
+		case w.pool.queue <- c:
+			other.pushed.Add(n)
+		case <-w.closing:
+			w.runChunk(c, other)
 		}
 	}
 }
@@ -173,8 +170,12 @@ func (w *Wheel) runChunk(c *chunk, wk *worker) {
 }
 
 // runRefs runs fired entries in order and returns the ones it frees to their slabs together. It
-// reads the clock once, for the lateness of the whole batch.
+// reads the clock once, for the lateness of the whole batch (and not at all for an empty one: an
+// advance step that only drained the ring fires nothing).
 func (w *Wheel) runRefs(refs []ref, wk *worker) {
+	if len(refs) == 0 {
+		return
+	}
 	var fb freeBatch
 	now := w.nanos()
 	for _, r := range refs {
@@ -183,12 +184,10 @@ func (w *Wheel) runRefs(refs []ref, wk *worker) {
 	fb.flush()
 }
 
-// lateness returns how late a callback starting at reading now is for a deadline at tick when.
-func (w *Wheel) lateness(now, when int64) int64 {
-	if when > math.MaxInt64/w.tick {
-		return 0 // at the end of time
-	}
-	return max(0, now-when*w.tick)
+// lateness returns how late a callback starting at reading now is for a deadline at tick when
+// (0 for a deadline at the end of time, which tickStart saturates).
+func (w *Wheel) lateness(now, when int64) time.Duration {
+	return time.Duration(max(0, now-w.tickStart(when)))
 }
 
 // runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry is freed
@@ -207,7 +206,7 @@ func (w *Wheel) runEntry(r ref, wk *worker, now int64, fb *freeBatch) {
 			return
 		case periodic:
 			if e.state.CompareAndSwap(s, withState(s, stRunning)) {
-				wk.observe(w.lateness(now, when))
+				wk.late.observe(w.lateness(now, when))
 				w.runPeriodic(r, ev, &wk.fired, fb)
 				return
 			}
@@ -216,7 +215,7 @@ func (w *Wheel) runEntry(r ref, wk *worker, now int64, fb *freeBatch) {
 			if e.state.CompareAndSwap(s, withState(s, stFree)) {
 				fb.add(&r.s.slab, r.i, e)
 				wk.fired.n.Inc()
-				wk.observe(w.lateness(now, when))
+				wk.late.observe(w.lateness(now, when))
 				r.s.releasePending(1) // to the timer's shard: WithMaxPending is striped (pending.go)
 				w.call(f, arg)
 				return
