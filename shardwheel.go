@@ -60,7 +60,7 @@ type Wheel struct {
 	manual     *ManualClock // nil for the system clock
 	manualBase int64        // manual.elapsed when the wheel started
 
-	closed atomic.Bool // set once by Stop; scheduling calls then fail fast
+	closed atomic.Bool // set once, by the Stop that wins its CAS; scheduling calls then fail fast
 	pick   picker      // which shard a producer arms on (pick.go; pick_race.go under -race)
 
 	creditBatch int64 // WithMaxPending credits a shard takes from the reserve at once (pending.go)
@@ -94,15 +94,21 @@ type Wheel struct {
 	wake   chan struct{} // producers signal the keeper: an earlier deadline (cap 1)
 	nudge  chan struct{} // release signals idle workers: the keeper role is free (cap 1)
 	idle   atomic.Int32  // followers blocked waiting for queued work or the keeper role (expiry.go)
-	quit   chan struct{} // closed by Stop: workers finish what they hold and exit
+	// quit is closed by Stop (finishStop): workers run what is left in the queue and exit. It is
+	// closed only once nobody can put a chunk in the queue any more: on the system clock the
+	// workers are the only senders, and each looks at the queue after its own last send; with a
+	// manual clock the advancer sends only while it holds advMu, and finishStop runs once Stop
+	// holds advMu (or on the advancer itself, after its advance).
+	quit chan struct{}
 
-	// Stop: the first call wins stopping (CAS) and runs stop; closing is closed as it starts
-	// (a manual advancer blocked on a full queue stops waiting for room, see dispatch), stopped
-	// once it has finished. Later calls wait on stopped, unless they run on one of the goroutines
-	// the first Stop may be waiting for (a worker, or the manual advancer): those return at once.
-	stopping atomic.Bool
-	closing  chan struct{}
-	stopped  chan struct{}
+	// Stop: the first call wins closed (CAS) and runs stop; closing is closed as it starts, so
+	// that a manual advancer blocked on a full queue stops waiting for room (dispatch): it cannot
+	// be quit, since workers must still empty the queue after that advancer's last send. stopped
+	// is closed once the first Stop has finished. Later calls wait on stopped, unless they run
+	// on one of the goroutines the first Stop may be waiting for (a worker, or the manual
+	// advancer): those return at once.
+	closing chan struct{}
+	stopped chan struct{}
 	// rerun: ManualClock.Advance was called from a worker's callback while another goroutine
 	// held advMu; the holder advances again before it lets go (clock.go, advanceManual).
 	rerun atomic.Bool
@@ -315,7 +321,7 @@ func isClosed(c chan struct{}) bool {
 // after it on the same goroutine still run after Stop returns. After Stop, scheduling returns
 // ErrClosed and Len is 0.
 func (w *Wheel) Stop() int {
-	if w.stopping.CompareAndSwap(false, true) {
+	if w.closed.CompareAndSwap(false, true) {
 		return w.stop()
 	}
 	self := goid()
@@ -325,8 +331,8 @@ func (w *Wheel) Stop() int {
 	return 0
 }
 
+// stop runs the shutdown; the caller won closed.
 func (w *Wheel) stop() int {
-	w.closed.Store(true)
 	close(w.closing)
 	self := goid()
 	onAdvancer := w.manual != nil && w.advancer.Load() == self
