@@ -17,8 +17,9 @@ import (
 // advancer of those shards: it offers all but the first to idle workers through the queue, and
 // advances its own in bounded steps (stepBudget entries per hold of shard.mu), running what each
 // step fired itself, on the core whose cache holds those entries, and offering shares of it only
-// to workers that are idle (Wheel.idle). It lets go of the claim while the callbacks run, so the
-// next keeper can hand the shard's next step to another worker. So a deadline is one goroutine
+// to workers that are idle (Wheel.idle). While the callbacks run, the claim says so
+// (claimRunning), so the next keeper can take the shard over and hand its next step to another
+// worker. So a deadline is one goroutine
 // wake-up from its callback, no goroutine or channel sits on the path of every expired timer, and
 // a flood spreads over every worker (the runtime runs a P's timers on that P; Tokio a worker's
 // wheel on that worker; here any idle worker takes the next step or a share).

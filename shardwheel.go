@@ -93,7 +93,11 @@ type Wheel struct {
 	target atomic.Int64  // tick the keeper sleeps until; awake while no keeper sleeps
 	wake   chan struct{} // producers signal the keeper: an earlier deadline (cap 1)
 	nudge  chan struct{} // release signals idle workers: the keeper role is free (cap 1)
-	idle   atomic.Int32  // followers blocked waiting for queued work or the keeper role (expiry.go)
+	// idle counts the followers blocked waiting for queued work or the keeper role (work,
+	// expiry.go). It is an estimate, read to decide whether to offer work: a follower counts
+	// itself just before its select and uncounts just after, so a share offered to one paused
+	// in between waits in the queue until it (or any worker's next look at the queue) takes it.
+	idle atomic.Int32
 	// quit is closed by Stop (finishStop): workers run what is left in the queue and exit. It is
 	// closed only once nobody can put a chunk in the queue any more: on the system clock the
 	// workers are the only senders, and each looks at the queue after its own last send; with a
