@@ -20,14 +20,11 @@ import (
 //
 // In v1 nothing then looked at the shard again: after a day of manual time B had not fired.
 func TestLostWakeupBehindUnpublishedCancel(t *testing.T) {
-	clk := sw.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	w, err := sw.New(sw.WithClock(clk), sw.WithShards(1), sw.WithWorkers(0))
-	require.NoError(t, err)
-	defer w.Stop()
+	w, clk := manualWheel(t, sw.WithShards(1))
 	var fired []string
 	note := func(name string) func() { return func() { fired = append(fired, name) } }
 
-	_, err = w.AfterFunc(time.Millisecond, note("C"))
+	_, err := w.AfterFunc(time.Millisecond, note("C"))
 	require.NoError(t, err)
 	d, err := w.AfterFunc(time.Hour, note("D"))
 	require.NoError(t, err)
@@ -48,14 +45,11 @@ func TestLostWakeupBehindUnpublishedCancel(t *testing.T) {
 	require.NoError(t, w.Verify())
 }
 
-// TestLostWakeupHeldPublishedBeforeAdvance: the same pause, but the held cancel is published
-// while the consumer is not looking; then B's own noteDeadline is what counts, and nothing is
-// kicked needlessly into firing anything early.
+// TestLostWakeupHeldNeverEarly: the same pause, with no earlier timer; the drain stalls on the
+// held cancel, whose publish then kicks the shard. The kick makes the next Advance drain the
+// ring and nothing more: B still fires at its deadline, not earlier.
 func TestLostWakeupHeldNeverEarly(t *testing.T) {
-	clk := sw.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	w, err := sw.New(sw.WithClock(clk), sw.WithShards(1), sw.WithWorkers(0))
-	require.NoError(t, err)
-	defer w.Stop()
+	w, clk := manualWheel(t, sw.WithShards(1))
 	var fired []string
 	note := func(name string) func() { return func() { fired = append(fired, name) } }
 

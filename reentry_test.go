@@ -138,10 +138,7 @@ func TestManualClockAdvanceFromCallbackDeadlock(t *testing.T) {
 // Advance". A callback that re-arms itself with d = 0 inside Advance is fired again by the same
 // Advance, round after round: a self re-arming callback makes Advance never return.
 func TestManualClockSelfRearmZero(t *testing.T) {
-	clk := sw.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	w, err := sw.New(sw.WithClock(clk), sw.WithWorkers(0), sw.WithShards(1))
-	require.NoError(t, err)
-	defer w.Stop()
+	w, clk := manualWheel(t, sw.WithShards(1))
 	runs := 0
 	var f func()
 	f = func() {
@@ -151,7 +148,7 @@ func TestManualClockSelfRearmZero(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
-	_, err = w.AfterFunc(0, f)
+	_, err := w.AfterFunc(0, f)
 	require.NoError(t, err)
 	clk.Advance(0)
 	require.Equal(t, 1, runs, "one Advance ran the self re-arming d=0 callback %d times", runs)

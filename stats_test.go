@@ -16,14 +16,11 @@ import (
 // Lateness.Count() == Fired; and a callback's lateness lands in the bucket of how far the manual
 // clock jumped past its deadline.
 func TestStatsLatenessCountsEveryStart(t *testing.T) {
-	mc := sw.NewManualClock(time.Unix(0, 0))
-	w, err := sw.New(sw.WithClock(mc), sw.WithWorkers(0), sw.WithTick(time.Millisecond))
-	require.NoError(t, err)
-	defer w.Stop()
+	w, mc := manualWheel(t, sw.WithTick(time.Millisecond))
 
 	var runs atomic.Int64
 	f := func() { runs.Add(1) }
-	_, err = w.AfterFunc(5*time.Millisecond, f)
+	_, err := w.AfterFunc(5*time.Millisecond, f)
 	require.NoError(t, err)
 	_, err = w.AfterFuncArg(5*time.Millisecond, func(any) { runs.Add(1) }, nil)
 	require.NoError(t, err)
@@ -58,14 +55,11 @@ func TestStatsLatenessCountsEveryStart(t *testing.T) {
 // TestStatsQueued: callbacks handed to the workers and not yet started count in Queued until a
 // worker takes them; then they count in Fired and in Lateness.
 func TestStatsQueued(t *testing.T) {
-	mc := sw.NewManualClock(time.Unix(0, 0))
-	w, err := sw.New(sw.WithClock(mc), sw.WithWorkers(1))
-	require.NoError(t, err)
-	defer w.Stop()
+	w, mc := manualWheel(t, sw.WithWorkers(1))
 
 	release := make(chan struct{})
 	started := make(chan struct{})
-	_, err = w.AfterFunc(time.Millisecond, func() { close(started); <-release })
+	_, err := w.AfterFunc(time.Millisecond, func() { close(started); <-release })
 	require.NoError(t, err)
 	mc.Advance(time.Millisecond)
 	<-started // the one worker is busy now
