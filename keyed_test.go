@@ -215,6 +215,39 @@ func TestKeyedSetAllocatesNothing(t *testing.T) {
 	requireBalance(t, r.w)
 }
 
+// firingWheel returns a wheel whose timers come due while a test runs: on a manual clock
+// (clock "manual") that another goroutine advances by step, over and over, until stopAdvancing
+// is called (which waits for it); or on the system clock (mc nil) with workers and tick, where
+// stopAdvancing does nothing. The wheel is stopped when the test ends.
+func firingWheel(t *testing.T, clock string, step time.Duration, workers int, tick time.Duration) (w *sw.Wheel, mc *sw.ManualClock, stopAdvancing func()) {
+	t.Helper()
+	var err error
+	if clock == "manual" {
+		mc = sw.NewManualClock(time.Now())
+		w, err = sw.New(sw.WithClock(mc), sw.WithWorkers(0))
+	} else {
+		w, err = sw.New(sw.WithWorkers(workers), sw.WithTick(tick))
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { w.Stop() })
+	if mc == nil {
+		return w, nil, func() {}
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				mc.Advance(step)
+			}
+		}
+	}()
+	return w, mc, func() { close(stop); <-done }
+}
+
 // TestKeyedSetNeverLost: one goroutine Sets the same key over and over, due at once or soon,
 // while its timer keeps firing (the manual clock advanced by another goroutine, or the system
 // clock with workers). Each Set either re-arms the arming in place or arms a new one; either way
@@ -222,20 +255,10 @@ func TestKeyedSetAllocatesNothing(t *testing.T) {
 func TestKeyedSetNeverLost(t *testing.T) {
 	for _, clock := range []string{"manual", "system"} {
 		t.Run("clock="+clock, func(t *testing.T) {
-			var w *sw.Wheel
-			var err error
-			var mc *sw.ManualClock
-			if clock == "manual" {
-				mc = sw.NewManualClock(time.Now())
-				w, err = sw.New(sw.WithClock(mc), sw.WithWorkers(0))
-			} else {
-				// One worker, so that callbacks run one at a time and the order of the appends
-				// below is the order of the fire decisions. With more, a displaced arming's
-				// callback that decided to fire can append after the next arming's callback.
-				w, err = sw.New(sw.WithWorkers(1), sw.WithTick(50*time.Microsecond))
-			}
-			require.NoError(t, err)
-			defer w.Stop()
+			// One worker on the system clock, so that callbacks run one at a time and the order
+			// of the appends below is the order of the fire decisions. With more, a displaced
+			// arming's callback that decided to fire can append after the next arming's callback.
+			w, mc, stopAdvancing := firingWheel(t, clock, 50*time.Microsecond, 1, 50*time.Microsecond)
 			var mu sync.Mutex
 			var fired []int
 			k := sw.NewKeyed(w, func(_ string, value int) {
@@ -243,22 +266,6 @@ func TestKeyedSetNeverLost(t *testing.T) {
 				fired = append(fired, value)
 				mu.Unlock()
 			})
-			stop := make(chan struct{})
-			var adv sync.WaitGroup
-			if mc != nil {
-				adv.Add(1)
-				go func() {
-					defer adv.Done()
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-							mc.Advance(50 * time.Microsecond)
-						}
-					}
-				}()
-			}
 			n := 20_000
 			if testing.Short() {
 				n = 2_000
@@ -266,8 +273,7 @@ func TestKeyedSetNeverLost(t *testing.T) {
 			for i := 1; i <= n; i++ {
 				require.NoError(t, k.Set("k", i, time.Duration(i%3)*50*time.Microsecond))
 			}
-			close(stop)
-			adv.Wait()
+			stopAdvancing()
 			if mc != nil {
 				mc.Advance(time.Second)
 			}
@@ -346,17 +352,7 @@ func TestKeyedStorm(t *testing.T) {
 func TestKeyedStormWhileFiring(t *testing.T) {
 	for _, clock := range []string{"manual", "system"} {
 		t.Run("clock="+clock, func(t *testing.T) {
-			var w *sw.Wheel
-			var err error
-			var mc *sw.ManualClock
-			if clock == "manual" {
-				mc = sw.NewManualClock(time.Now())
-				w, err = sw.New(sw.WithClock(mc), sw.WithWorkers(0))
-			} else {
-				w, err = sw.New(sw.WithWorkers(2), sw.WithTick(100*time.Microsecond))
-			}
-			require.NoError(t, err)
-			defer w.Stop()
+			w, mc, stopAdvancing := firingWheel(t, clock, time.Millisecond, 2, 100*time.Microsecond)
 			var mu sync.Mutex
 			fired := map[int]int{}
 			k := sw.NewKeyed(w, func(key string, value int) {
@@ -368,23 +364,7 @@ func TestKeyedStormWhileFiring(t *testing.T) {
 			if testing.Short() {
 				ops = 500
 			}
-			var wg sync.WaitGroup
 			var sets atomic.Int64
-			stop := make(chan struct{})
-			if mc != nil {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-							mc.Advance(time.Millisecond)
-						}
-					}
-				}()
-			}
 			var storm sync.WaitGroup
 			for g := range 4 {
 				storm.Add(1)
@@ -407,8 +387,7 @@ func TestKeyedStormWhileFiring(t *testing.T) {
 				}()
 			}
 			storm.Wait()
-			close(stop)
-			wg.Wait()
+			stopAdvancing()
 			if mc != nil {
 				mc.Advance(time.Hour)
 			}
