@@ -85,7 +85,8 @@ func (w *Wheel) trimIdle() int64 {
 			continue
 		}
 		if now-sw.since >= int64(trimQuiet) {
-			_, sw.tag = s.trim() // the tag the trim left: any other push or pop changes it
+			// The tag the trim left: any other push or pop, also one during the trim, changes it.
+			_, sw.tag = s.trim()
 			sw.since, sw.trimmed = now, true
 			continue
 		}
@@ -124,7 +125,10 @@ func (s *shard) trim() (freed int64, tag uint32) {
 
 // trim gives back to the Go heap every chunk all of whose entries are on the free stack, and
 // pushes the others' free entries back lowest chunk first. It returns the bytes given back and
-// the free stack's tag as its last CAS left it. Any goroutine may call it. The steps:
+// the tag its own CASes would leave if nobody else touched the stack meanwhile; so the tag
+// differs from it if a push or pop came between, also one during the trim (whose entries count
+// as in use here, and whose chunks the next trim must look at). Any goroutine may call it. The
+// steps:
 //  1. Under growMu, so that no grow or other trim changes the table meanwhile.
 //  2. Take the whole free stack with one CAS (which bumps the tag, so a pop that read the old
 //     head fails its CAS). The taken entries are now the trimmer's alone. Producers that find
@@ -206,13 +210,9 @@ func (sl *slab) trim() (freed int64, tag uint32) {
 		}
 		first = heads[c]
 	}
-	for last != nil { // freeList, keeping the tag
-		h := sl.free.Load()
-		last.when.Store(int64(uint32(h)))
-		tag = uint32(h>>32) + 1
-		if sl.free.CompareAndSwap(h, uint64(tag)<<32|uint64(first)) {
-			break
-		}
+	if last != nil {
+		sl.freeList(first, last)
+		tag++ // the push's own bump: any other push or pop since step 2 makes the tag differ
 	}
 	return freed, tag
 }
