@@ -148,7 +148,7 @@ var TrimQuiet = trimQuiet
 func (w *Wheel) TrimNow() int64 {
 	n := int64(0)
 	for _, s := range w.shards {
-		f, _ := s.trim()
+		f, _, _ := s.trim(false)
 		n += f
 	}
 	return n

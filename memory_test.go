@@ -49,26 +49,25 @@ func alive(ws []weak.Pointer[payload]) bool {
 func TestStopReleasesCallback(t *testing.T) {
 	const n = 8
 	// arm arms one timer whose callback keeps a fresh payload; the payload is made in here so
-	// that no stack frame of the test keeps it.
-	kinds := map[string]func(w *sw.Wheel) (weak.Pointer[payload], func() bool){
-		"AfterFunc": func(w *sw.Wheel) (weak.Pointer[payload], func() bool) {
+	// that no stack frame of the test keeps it. closure makes one for AfterFunc and Every.
+	type armFunc = func(w *sw.Wheel) (weak.Pointer[payload], func() bool)
+	closure := func(schedule func(*sw.Wheel, time.Duration, func()) (sw.Timer, error)) armFunc {
+		return func(w *sw.Wheel) (weak.Pointer[payload], func() bool) {
 			p := new(payload)
-			tm, err := w.AfterFunc(time.Hour, func() { p[0]++ })
+			tm, err := schedule(w, time.Hour, func() { p[0]++ })
 			require.NoError(t, err)
 			return weak.Make(p), tm.Stop
-		},
+		}
+	}
+	kinds := map[string]armFunc{
+		"AfterFunc": closure((*sw.Wheel).AfterFunc),
 		"AfterFuncArg": func(w *sw.Wheel) (weak.Pointer[payload], func() bool) {
 			p := new(payload)
 			tm, err := w.AfterFuncArg(time.Hour, func(any) {}, p)
 			require.NoError(t, err)
 			return weak.Make(p), tm.Stop
 		},
-		"Every": func(w *sw.Wheel) (weak.Pointer[payload], func() bool) {
-			p := new(payload)
-			tm, err := w.Every(time.Hour, func() { p[0]++ })
-			require.NoError(t, err)
-			return weak.Make(p), tm.Stop
-		},
+		"Every": closure((*sw.Wheel).Every),
 		"WithTimeout": func(w *sw.Wheel) (weak.Pointer[payload], func() bool) {
 			p := new(payload)
 			type key struct{}

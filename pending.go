@@ -98,13 +98,18 @@ func take(c *atomic.Int64, n int64) int64 {
 }
 
 // releasePending gives back the credits of n timers of s that ended (fired, stopped, dropped).
-// Without WithMaxPending it does nothing. A stock grown past two batches returns the surplus to
-// the reserve, so that credits freed on one shard serve producers on the others.
+// Without WithMaxPending it does nothing, and is small enough to inline into Timer.Stop's path.
 func (s *shard) releasePending(n int64) {
-	w := s.w
-	if w.opts.maxPending == 0 {
-		return
+	if s.w.opts.maxPending != 0 {
+		s.releaseCredits(n)
 	}
+}
+
+// releaseCredits is releasePending with WithMaxPending set. A stock grown past two batches
+// returns the surplus to the reserve, so that credits freed on one shard serve producers on the
+// others.
+func (s *shard) releaseCredits(n int64) {
+	w := s.w
 	if v := s.credit.Add(n); v > 2*w.creditBatch {
 		if k := take(&s.credit, v-w.creditBatch); k > 0 {
 			w.credit.Add(k)

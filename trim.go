@@ -2,6 +2,7 @@ package shardwheel
 
 import (
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -85,9 +86,12 @@ func (w *Wheel) trimIdle() int64 {
 			continue
 		}
 		if now-sw.since >= int64(trimQuiet) {
-			_, sw.tag = s.trim() // the tag the trim left: any other push or pop changes it
-			sw.since, sw.trimmed = now, true
-			continue
+			// The tag the trim left: any other push or pop, also one during the trim, changes it.
+			// Not ok: the shard is in use right now (see shard.trim); looked at again next time.
+			if _, tag, ok := s.trim(true); ok {
+				sw.tag, sw.since, sw.trimmed = tag, now, true
+				continue
+			}
 		}
 		watching = true
 	}
@@ -115,16 +119,36 @@ func (w *Wheel) noteGrow() {
 // trim drains the shard's ring, so that the cancels waiting there free their entries, and gives
 // back the slab's chunks whose entries are all free. It returns what slab.trim does. Any
 // goroutine may call it; it takes s.mu for the drain, then growMu.
-func (s *shard) trim() (freed int64, tag uint32) {
-	s.mu.Lock()
+//
+// With try it waits for neither, and reports ok false if either is held. The trimmer passes
+// try: it runs on the keeper, which must never wait for a goroutine that may be paused while it
+// holds one of them (a producer in grow or draining a full ring, preempted or assisting the GC):
+// every shard's timers would wait with it. A held lock means the shard is in use, so there is
+// nothing to trim there anyway.
+func (s *shard) trim(try bool) (freed int64, tag uint32, ok bool) {
+	if !lock(&s.mu, try) {
+		return 0, 0, false
+	}
 	s.drainLocked()
 	s.mu.Unlock()
-	return s.slab.trim()
+	return s.slab.trim(try)
+}
+
+// lock locks mu, or with try only tries to, and reports whether the caller now holds it.
+func lock(mu *sync.Mutex, try bool) bool {
+	if try {
+		return mu.TryLock()
+	}
+	mu.Lock()
+	return true
 }
 
 // trim gives back to the Go heap every chunk all of whose entries are on the free stack, and
 // pushes the others' free entries back lowest chunk first. It returns the bytes given back and
-// the free stack's tag as its last CAS left it. Any goroutine may call it. The steps:
+// the tag its own CASes would leave if nobody else touched the stack meanwhile; so the tag
+// differs from it if a push or pop came between, also one during the trim (whose entries count
+// as in use here, and whose chunks the next trim must look at). Any goroutine may call it; ok
+// is false only if try is set and growMu was held. The steps:
 //  1. Under growMu, so that no grow or other trim changes the table meanwhile.
 //  2. Take the whole free stack with one CAS (which bumps the tag, so a pop that read the old
 //     head fails its CAS). The taken entries are now the trimmer's alone. Producers that find
@@ -135,12 +159,14 @@ func (s *shard) trim() (freed int64, tag uint32) {
 //  4. Release each chunk whose entries were all taken: raise genFloor to its highest gen, and
 //     point its slot at deadChunk in a new table (copy-on-write: see pool.go's invariants).
 //  5. Push the kept chunks' lists back, lowest chunk on top.
-func (sl *slab) trim() (freed int64, tag uint32) {
-	sl.growMu.Lock() // 1
+func (sl *slab) trim(try bool) (freed int64, tag uint32, ok bool) {
+	if !lock(&sl.growMu, try) { // 1
+		return 0, 0, false
+	}
 	defer sl.growMu.Unlock()
 	p := sl.chunks.Load()
 	if p == nil {
-		return 0, uint32(sl.free.Load() >> 32)
+		return 0, uint32(sl.free.Load() >> 32), true
 	}
 	tbl := *p
 	var top uint32
@@ -206,15 +232,11 @@ func (sl *slab) trim() (freed int64, tag uint32) {
 		}
 		first = heads[c]
 	}
-	for last != nil { // freeList, keeping the tag
-		h := sl.free.Load()
-		last.when.Store(int64(uint32(h)))
-		tag = uint32(h>>32) + 1
-		if sl.free.CompareAndSwap(h, uint64(tag)<<32|uint64(first)) {
-			break
-		}
+	if last != nil {
+		sl.freeList(first, last)
+		tag++ // the push's own bump: any other push or pop since step 2 makes the tag differ
 	}
-	return freed, tag
+	return freed, tag, true
 }
 
 // heldBytes returns the memory the wheel holds for timers: its live chunks, in use or free.
