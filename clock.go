@@ -175,7 +175,7 @@ func (w *Wheel) advanceManual() {
 			w.advOnWorker = onWorker
 			w.advancer.Store(self)
 			w.advance()
-			w.trimIdle() // issue 11: give idle chunks back (trim.go)
+			w.trimIdle(w.nanos()) // issue 11: give idle chunks back (trim.go)
 			w.advancer.Store(0)
 			if w.stopDeferred {
 				w.finishStop(self)

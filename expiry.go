@@ -144,8 +144,11 @@ func (w *Wheel) keep(wk *worker) {
 		w.target.Store(awake)
 		// Give idle chunks back (trim.go): the keeper is the trimmer's advancer. It looks at the
 		// slabs at most once a second, also while timers keep coming due.
-		trimAt := w.trimIdle()
-		now := w.tickAt(w.nanos())
+		// One reading for both: a trim may take a while, and a reading from before it is only
+		// early, which the firing side may be (it fires later, never sooner).
+		ns := w.nanos()
+		trimAt := w.trimIdle(ns)
+		now := w.tickAt(ns)
 		var next int64
 		if wk.due, next = w.collect(now, wk.due[:0]); len(wk.due) > 0 {
 			w.release()

@@ -50,9 +50,9 @@ type slabWatch struct {
 
 // trimIdle looks at the slabs if trimLook has passed since the last look, trims those that have
 // been quiet for trimQuiet, and returns the tick at which it wants to look again (never if every
-// slab is trimmed and unchanged). Only the advancer calls it, with no lock held.
-func (w *Wheel) trimIdle() int64 {
-	now := w.nanos()
+// slab is trimmed and unchanged). now is the caller's reading of w.nanos(). Only the advancer
+// calls it, with no lock held.
+func (w *Wheel) trimIdle(now int64) int64 {
 	t := &w.trim
 	if t.slabs == nil {
 		t.slabs = make([]slabWatch, len(w.shards))
