@@ -417,13 +417,27 @@ func (c *deadlineCtx) Done() <-chan struct{} { return c.lazyQ().Done() }
 // made (so a Done channel may be out), it waits for q's Done to close first: the ender closes it
 // right after its CAS, and a late registration is completed before q is published. So a non-nil
 // Err implies that every Done channel handed out is closed, as in std (golang/go#75533).
+//
+// q not yet published is not enough to skip the wait: a lazyQ may be between its registration
+// (taken and not yet called by an ender paused after its CAS) and its publication, and would
+// then hand this goroutine's next Done an open channel. So with a ctxExt (lazyQ makes it before
+// anything else) Err waits for qmu, behind which every lazyQ in flight publishes; one that starts
+// later sees the end and makes q born canceled. Without a ctxExt no lazyQ has begun.
 func (c *deadlineCtx) Err() error {
 	code := c.state.Load() & endMask
 	if code == 0 {
 		return nil
 	}
-	if q := c.loadQ(); q != nil {
-		<-q.Done()
+	if x := c.x.Load(); x != nil {
+		q := x.q.Load()
+		if q == nil {
+			x.qmu.Lock()
+			q = x.q.Load()
+			x.qmu.Unlock()
+		}
+		if q != nil {
+			<-q.(context.Context).Done()
+		}
 	}
 	return errOf(code)
 }

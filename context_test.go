@@ -570,7 +570,8 @@ func TestContextHammer(t *testing.T) {
 // TestContextLazyDoneRace races the first Done (which makes the std cancelCtx behind it, see
 // lazyQ) and std children made through a wrapper against the context's end, by its cancel or by
 // its wheel parent's: once the end has returned, every Done handed out is closed and every child
-// is done, with the context's error.
+// is done, with the context's error. A third goroutine reads Err until it is non-nil and then
+// asks for Done, which must be closed even while the first Done is still making q.
 func TestContextLazyDoneRace(t *testing.T) {
 	w, err := sw.New()
 	require.NoError(t, err)
@@ -592,9 +593,20 @@ func TestContextLazyDoneRace(t *testing.T) {
 			child context.Context
 			ccl   context.CancelFunc
 		)
-		wg.Add(2)
+		wg.Add(3)
 		go func() { defer wg.Done(); done = ctx.Done() }()
 		go func() { defer wg.Done(); child, ccl = context.WithCancel(otherCtx{ctx}) }()
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				runtime.Gosched()
+			}
+			select {
+			case <-ctx.Done():
+			default:
+				t.Errorf("round %d: Err non-nil before Done closed", i)
+			}
+		}()
 		end()
 		if err := ctx.Err(); err != context.Canceled {
 			t.Fatalf("round %d: Err = %v after the end returned", i, err)
