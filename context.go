@@ -184,8 +184,12 @@ func errOf(code uint32) error {
 //   - timer, pw: written by the constructor before it sets armed; read only by the goroutine that
 //     ended the context after seeing armed, or by the constructor if the end came first (exactly
 //     one of the two, decided by the armed bit against the end CAS).
-//   - prev, next: this context's links in pw's kids list, guarded by pw.mu.
-//   - kids, kidsDone: guarded by mu. kidsDone is set by the ender when it takes the list.
+//   - prev, next: this context's links in pw's kids list, guarded by pw.mu. Once pw's ender has
+//     taken the list, nobody writes them (removeKid skips a taken kid) and that ender walks next
+//     without the lock.
+//   - kids, kidsDone: guarded by mu. kidsDone is set by the ender when it takes the list, which
+//     only an ender whose CAS saw the linked bit does; if none did, kidsDone stays false and a
+//     later addKid or gate.AfterFunc learns of the end from its own Or of the linked bit.
 //   - x: atomic, written once: by the constructor (a cause) or under mu by ext. What only a Cause
 //     form or the first Done, Value(&cancelCtxKey) needs lives there, so that the context of the
 //     hot path (make, cancel) is 128 bytes, one size class below std's timerCtx alone.
@@ -305,7 +309,7 @@ func (c *deadlineCtx) end(code uint32) {
 		kids := c.kids
 		c.kids, c.kidsDone = nil, true
 		for k := kids; k != nil; k = k.next {
-			k.prev = nil // taken: removeKid of k reports false from now on
+			k.prev = nil // taken: removeKid of k leaves the list alone from now on
 		}
 		c.mu.Unlock()
 		if f != nil {
