@@ -2,6 +2,7 @@ package shardwheel
 
 import (
 	"context"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -470,5 +471,5 @@ func contextName(c context.Context) string {
 	if s, ok := c.(interface{ String() string }); ok {
 		return s.String()
 	}
-	return typeName(c)
+	return reflect.TypeOf(c).String()
 }
