@@ -2,6 +2,7 @@ package shardwheel
 
 import (
 	"context"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -184,8 +185,12 @@ func errOf(code uint32) error {
 //   - timer, pw: written by the constructor before it sets armed; read only by the goroutine that
 //     ended the context after seeing armed, or by the constructor if the end came first (exactly
 //     one of the two, decided by the armed bit against the end CAS).
-//   - prev, next: this context's links in pw's kids list, guarded by pw.mu.
-//   - kids, kidsDone: guarded by mu. kidsDone is set by the ender when it takes the list.
+//   - prev, next: this context's links in pw's kids list, guarded by pw.mu. Once pw's ender has
+//     taken the list, nobody writes them (removeKid skips a taken kid) and that ender walks next
+//     without the lock.
+//   - kids, kidsDone: guarded by mu. kidsDone is set by the ender when it takes the list, which
+//     only an ender whose CAS saw the linked bit does; if none did, kidsDone stays false and a
+//     later addKid or gate.AfterFunc learns of the end from its own Or of the linked bit.
 //   - x: atomic, written once: by the constructor (a cause) or under mu by ext. What only a Cause
 //     form or the first Done, Value(&cancelCtxKey) needs lives there, so that the context of the
 //     hot path (make, cancel) is 128 bytes, one size class below std's timerCtx alone.
@@ -305,7 +310,7 @@ func (c *deadlineCtx) end(code uint32) {
 		kids := c.kids
 		c.kids, c.kidsDone = nil, true
 		for k := kids; k != nil; k = k.next {
-			k.prev = nil // taken: removeKid of k reports false from now on
+			k.prev = nil // taken: removeKid of k leaves the list alone from now on
 		}
 		c.mu.Unlock()
 		if f != nil {
@@ -417,13 +422,27 @@ func (c *deadlineCtx) Done() <-chan struct{} { return c.lazyQ().Done() }
 // made (so a Done channel may be out), it waits for q's Done to close first: the ender closes it
 // right after its CAS, and a late registration is completed before q is published. So a non-nil
 // Err implies that every Done channel handed out is closed, as in std (golang/go#75533).
+//
+// q not yet published is not enough to skip the wait: a lazyQ may be between its registration
+// (taken and not yet called by an ender paused after its CAS) and its publication, and would
+// then hand this goroutine's next Done an open channel. So with a ctxExt (lazyQ makes it before
+// anything else) Err waits for qmu, behind which every lazyQ in flight publishes; one that starts
+// later sees the end and makes q born canceled. Without a ctxExt no lazyQ has begun.
 func (c *deadlineCtx) Err() error {
 	code := c.state.Load() & endMask
 	if code == 0 {
 		return nil
 	}
-	if q := c.loadQ(); q != nil {
-		<-q.Done()
+	if x := c.x.Load(); x != nil {
+		q := x.q.Load()
+		if q == nil {
+			x.qmu.Lock()
+			q = x.q.Load()
+			x.qmu.Unlock()
+		}
+		if q != nil {
+			<-q.(context.Context).Done()
+		}
 	}
 	return errOf(code)
 }
@@ -452,5 +471,5 @@ func contextName(c context.Context) string {
 	if s, ok := c.(interface{ String() string }); ok {
 		return s.String()
 	}
-	return typeName(c)
+	return reflect.TypeOf(c).String()
 }

@@ -2,7 +2,6 @@ package shardwheel
 
 import (
 	"context"
-	"reflect"
 	"time"
 )
 
@@ -82,6 +81,3 @@ func (g *ctxGate) AfterFunc(f func()) (stop func() bool) {
 }
 
 func stopNothing() bool { return false }
-
-// typeName is std's name of a context without a String method: its dynamic type.
-func typeName(c context.Context) string { return reflect.TypeOf(c).String() }

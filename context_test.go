@@ -507,7 +507,16 @@ func TestContextFallbackPastMaxPending(t *testing.T) {
 // TestContextHammer ends contexts from every side at once (CancelFunc, deadline, parent) while
 // children are derived and Err, Done and Cause are read, and checks that every context ends with
 // one of the legal errors, that a non-nil Err implies a closed Done, and that no timer is left.
+// Under a std root (a context.WithCancelCause) the wheel hands out std's own contexts (see
+// withDeadline); under a wheel root every deadline is a wheel timer, fired by the advancing
+// goroutine while the others cancel.
 func TestContextHammer(t *testing.T) {
+	for _, root := range []string{"std", "wheel"} {
+		t.Run("root="+root, func(t *testing.T) { testContextHammer(t, root == "wheel") })
+	}
+}
+
+func testContextHammer(t *testing.T, wheelRoot bool) {
 	im := newWheelImpl(t)
 	rounds := 2000
 	if testing.Short() {
@@ -528,14 +537,23 @@ func TestContextHammer(t *testing.T) {
 		}
 	}()
 	for i := 0; i < rounds; i++ {
-		parent, pcancel := context.WithCancelCause(context.Background())
+		var (
+			parent  context.Context
+			pcancel func()
+		)
+		if wheelRoot {
+			parent, pcancel = im.w.WithTimeout(context.Background(), veryLongDuration)
+		} else {
+			p, cancel := context.WithCancelCause(context.Background())
+			parent, pcancel = p, func() { cancel(errCause) }
+		}
 		outer, ocancel := im.w.WithTimeout(parent, time.Duration(i%3)*time.Millisecond)
 		ctx, cancel := im.w.WithTimeout(outer, time.Duration(i%5)*time.Millisecond)
 		derived, dcancel := context.WithCancel(ctx)
 		var inner sync.WaitGroup
 		inner.Add(4)
 		go func() { defer inner.Done(); cancel() }()
-		go func() { defer inner.Done(); pcancel(errCause) }()
+		go func() { defer inner.Done(); pcancel() }()
 		go func() { defer inner.Done(); ocancel() }()
 		go func() {
 			defer inner.Done()
@@ -570,7 +588,8 @@ func TestContextHammer(t *testing.T) {
 // TestContextLazyDoneRace races the first Done (which makes the std cancelCtx behind it, see
 // lazyQ) and std children made through a wrapper against the context's end, by its cancel or by
 // its wheel parent's: once the end has returned, every Done handed out is closed and every child
-// is done, with the context's error.
+// is done, with the context's error. A third goroutine reads Err until it is non-nil and then
+// asks for Done, which must be closed even while the first Done is still making q.
 func TestContextLazyDoneRace(t *testing.T) {
 	w, err := sw.New()
 	require.NoError(t, err)
@@ -592,9 +611,20 @@ func TestContextLazyDoneRace(t *testing.T) {
 			child context.Context
 			ccl   context.CancelFunc
 		)
-		wg.Add(2)
+		wg.Add(3)
 		go func() { defer wg.Done(); done = ctx.Done() }()
 		go func() { defer wg.Done(); child, ccl = context.WithCancel(otherCtx{ctx}) }()
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				runtime.Gosched()
+			}
+			select {
+			case <-ctx.Done():
+			default:
+				t.Errorf("round %d: Err non-nil before Done closed", i)
+			}
+		}()
 		end()
 		if err := ctx.Err(); err != context.Canceled {
 			t.Fatalf("round %d: Err = %v after the end returned", i, err)

@@ -53,6 +53,21 @@ func newCtxFuncs(t testing.TB) ctxFuncs {
 	return ctxFuncs{w, w.WithTimeout, w.WithDeadline, w.WithTimeoutCause, w.WithDeadlineCause}
 }
 
+// ctxRoots names the roots the ported trees are grown from: "std", context.WithCancel as in Go's
+// tests, under which the wheel hands out the standard library's own contexts (see withDeadline),
+// and "wheel", a wheel context, under which the wheel's timers serve the tree.
+var ctxRoots = []string{"std", "wheel"}
+
+// root makes the cancelable root named by one of ctxRoots. The wheel root's deadline is later
+// than any child's in these tests: a parent deadline before the child's makes the child
+// context.WithCancel(parent), as in the standard library.
+func (f ctxFuncs) root(name string) (context.Context, context.CancelFunc) {
+	if name == "wheel" {
+		return f.WithTimeout(context.Background(), 2*veryLongDuration)
+	}
+	return context.WithCancel(context.Background())
+}
+
 // otherContext is a Context that's not one of the types defined in context.go.
 type otherContext struct {
 	context.Context
@@ -109,22 +124,14 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // and after the parent's cancel none of them is reachable from it.
 func TestParentFinishesChild(t *testing.T) {
 	f := newCtxFuncs(t)
-	for _, root := range []string{"std", "wheel"} {
+	for _, root := range ctxRoots {
 		t.Run("root="+root, func(t *testing.T) {
 			// Context tree:
 			// parent -> cancelChild
 			// parent -> valueChild -> timerChild
 			// parent -> afterChild
 			g := ctxWatchers()
-			var parent context.Context
-			var cancel context.CancelFunc
-			if root == "std" {
-				parent, cancel = context.WithCancel(context.Background())
-			} else {
-				// Later than timerChild's: a parent deadline before the child's makes the child
-				// context.WithCancel(parent), as in the standard library.
-				parent, cancel = f.WithTimeout(context.Background(), 2*veryLongDuration)
-			}
+			parent, cancel := f.root(root)
 			cancelChild, stop := context.WithCancel(parent)
 			defer stop()
 			valueChild := context.WithValue(parent, "key", "value")
@@ -204,12 +211,6 @@ func TestParentFinishesChild(t *testing.T) {
 func TestCancelRemoves(t *testing.T) {
 	f := newCtxFuncs(t)
 	type key struct{}
-	roots := map[string]func() (context.Context, context.CancelFunc){
-		"std": func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
-		"wheel": func() (context.Context, context.CancelFunc) {
-			return f.WithTimeout(context.Background(), 2*veryLongDuration)
-		},
-	}
 	children := map[string]func(parent context.Context, p *payload) func(){
 		"WithCancel": func(parent context.Context, p *payload) func() {
 			_, cancel := context.WithCancel(context.WithValue(parent, key{}, p))
@@ -235,10 +236,10 @@ func TestCancelRemoves(t *testing.T) {
 			}
 		},
 	}
-	for rname, root := range roots {
+	for _, rname := range ctxRoots {
 		for cname, child := range children {
 			t.Run(rname+"/"+cname, func(t *testing.T) {
-				ctx, cancelRoot := root()
+				ctx, cancelRoot := f.root(rname)
 				defer cancelRoot()
 				base := f.w.Len()
 				p := new(payload)
@@ -287,7 +288,7 @@ func (d *myDoneCtx) Done() <-chan struct{} {
 // exit after cancel.
 func TestCustomContextGoroutines(t *testing.T) {
 	f := newCtxFuncs(t)
-	for _, root := range []string{"std", "wheel"} {
+	for _, root := range ctxRoots {
 		t.Run("root="+root, func(t *testing.T) {
 			g := ctxWatchers()
 			checkNoGoroutine := func() {
@@ -320,13 +321,7 @@ func TestCustomContextGoroutines(t *testing.T) {
 			checkNoGoroutine()
 			defer checkNoGoroutine()
 
-			var ctx1 context.Context
-			var cancel1 context.CancelFunc
-			if root == "std" {
-				ctx1, cancel1 = context.WithCancel(context.Background())
-			} else {
-				ctx1, cancel1 = f.WithTimeout(context.Background(), 2*veryLongDuration)
-			}
+			ctx1, cancel1 := f.root(root)
 			defer cancel1()
 			checkNoGoroutine()
 
