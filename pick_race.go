@@ -2,28 +2,61 @@
 
 package shardwheel
 
-import "unsafe"
+import (
+	"unsafe"
 
-// picker is empty under the race detector: see takeShard.
-type picker struct{}
+	"go.uber.org/atomic"
+)
 
-// takeShard returns the shard the caller arms its timer on. This is the race detector's build:
-// there, sync.Pool drops a quarter of its Puts on purpose and makes every Get and Put a
-// happens-before edge (a vector-clock acquire or release, the detector's dearest operations), so
-// the per-P tokens of pick.go cost more than the rest of an arm and keep moving. Here the shard
-// is a hash of the calling goroutine's stack address instead: no memory is read or written, each
-// goroutine keeps to one shard (until its stack moves), and distinct goroutines spread over the
-// shards. Which shard a timer lands on changes no guarantee of the wheel; every access the race
-// detector checks is the same as in the normal build.
+// picker, under the race detector, maps goroutine stacks to shards.
+//
+// This is the race detector's build: there, sync.Pool drops a quarter of its Puts on purpose and
+// makes every Get and Put a happens-before edge (a vector-clock acquire or release, the
+// detector's dearest operations), so the per-P tokens of pick.go cost more than the rest of an
+// arm and keep moving. Here the caller's stack address names it instead: stacks are at least
+// 2 KiB and aligned to their size, so addr>>11 tells goroutines apart without reading or writing
+// anything shared.
+//
+// A bare hash of that address onto the shards put two goroutines on one shard as often as
+// chance does (half the time with 2 shards), and two producers sharing a ring cost twice as
+// much per pair under the detector (contended atomics are ten times dearer there than
+// uncontended ones). So a stack's first arm assigns it the next shard in turn, in slots: a
+// table of stack hashes to shards, filled round-robin. The first len(shards) goroutines to arm
+// get distinct shards unless their hashes share a slot (1 in len(slots) for each pair).
+//
+// Fields: slots and seq are written by any producer, each slot once (by CAS from 0); a slot holds
+// its shard's index plus one. A goroutine whose stack moves (it grew) takes a new slot; a slot is
+// never freed, and a later stack at the same place takes it over. Which shard a timer lands on
+// changes no guarantee of the wheel, and every access the race detector checks is the same as in
+// the normal build.
+type picker struct {
+	slots [256]atomic.Uint32
+	seq   atomic.Uint32 // slots assigned so far
+}
+
+// takeShard returns the shard the caller arms its timer on.
 func (w *Wheel) takeShard() *shard {
-	n := uint64(len(w.shards))
+	n := uint32(len(w.shards))
 	if n == 1 {
 		return w.shards[0]
 	}
 	var anchor byte
-	h := uint64(uintptr(unsafe.Pointer(&anchor))) >> 11 // goroutine stacks are 2 KiB apart at least
-	h *= 0x9e3779b97f4a7c15                             // Fibonacci hashing: spread the high bits
-	return w.shards[(h>>32)%n]
+	return w.shards[w.pick.shardFor(uintptr(unsafe.Pointer(&anchor)), n)]
+}
+
+// shardFor returns the shard, of n, for a goroutine whose stack holds addr.
+func (p *picker) shardFor(addr uintptr, n uint32) uint32 {
+	h := uint64(addr) >> 11 // goroutine stacks are 2 KiB apart at least
+	h *= 0x9e3779b97f4a7c15 // Fibonacci hashing: spread the high bits
+	slot := &p.slots[h>>56]
+	v := slot.Load()
+	if v == 0 {
+		v = p.seq.Inc()%n + 1
+		if !slot.CompareAndSwap(0, v) {
+			v = slot.Load() // another goroutine with this hash took the slot first
+		}
+	}
+	return v - 1
 }
 
 // noteContention does nothing under the race detector: a goroutine's shard is fixed.
