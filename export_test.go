@@ -187,9 +187,11 @@ func (t Timer) StopHeld() (bool, *Held) {
 	}
 	e := t.s.slab.at(t.i)
 	w := e.state.Load()
-	if !isGen(w, t.gen) || !isState(w, stPending) || !t.stopWord(e, w) {
+	if !isGen(w, t.gen) || !isState(w, stPending) || !e.state.CompareAndSwap(w, withState(w, stStopped)) {
 		return false, nil
 	}
+	t.s.stopped.Inc() // as Stop does after its CAS
+	t.s.releasePending(1)
 	slot, pos, res := t.s.ring.claim()
 	if slot == nil {
 		panic(fmt.Sprintf("StopHeld: ring push result %d", res))

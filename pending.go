@@ -51,8 +51,7 @@ func creditBatch(maxPending, shards int) int64 {
 // undone (so a stock may read negative for an instant; take treats that as empty) and the slow
 // path runs.
 func (s *shard) reservePending() bool {
-	w := s.w
-	if w.opts.maxPending == 0 {
+	if !s.limited {
 		return true
 	}
 	if s.credit.Dec() >= 0 {
@@ -100,7 +99,7 @@ func take(c *atomic.Int64, n int64) int64 {
 // releasePending gives back the credits of n timers of s that ended (fired, stopped, dropped).
 // Without WithMaxPending it does nothing, and is small enough to inline into Timer.Stop's path.
 func (s *shard) releasePending(n int64) {
-	if s.w.opts.maxPending != 0 {
+	if s.limited {
 		s.releaseCredits(n)
 	}
 }

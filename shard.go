@@ -50,7 +50,11 @@ type shard struct {
 	scheduled atomic.Uint64 // timers accepted on this shard (each Every run counts once)
 	stopped   atomic.Uint64 // Timer.Stop calls that reported true for timers of this shard
 	credit    atomic.Int64  // WithMaxPending: this shard's stock of free credits (pending.go)
-	_         [2*cacheLineSize - mallocHeaderSize - unsafe.Sizeof(shardLine0{}) - unsafe.Sizeof(shardLine1{})]byte
+	// limited says whether WithMaxPending is set; immutable. It sits here, not with the
+	// read-only fields (line 0 is full), because Stop writes stopped on this line anyway: its
+	// releasePending then reads no other line.
+	limited bool
+	_       [2*cacheLineSize - mallocHeaderSize - unsafe.Sizeof(shardLine0{}) - unsafe.Sizeof(shardLine1{})]byte
 
 	slab slab
 	next atomic.Int64 // a lower bound of the earliest deadline in the ring or the wheel (ticks)
@@ -85,11 +89,13 @@ type (
 	}
 	shardLine1 struct {
 		_, _, _, _, _ uint64 // tail, stalledAt, scheduled, stopped, credit
+		_             uint64 // limited, and its padding
 	}
 )
 
 func (s *shard) init(w *Wheel, ringSize int) {
 	s.w = w
+	s.limited = w.opts.maxPending != 0
 	s.ring.init(ringSize)
 	s.next.Store(never)
 	s.tw.elapsed = w.tickAt(w.nanos())
@@ -152,7 +158,16 @@ func (s *shard) kick() { s.noteDeadline(0) }
 //     before that second read, which sees it; otherwise it reads the final target and signals
 //     if it is earlier. While nobody keeps time the target is awake and nobody is signalled:
 //     the next keeper reads every g.next before it sleeps.
+//
+// The common case, a deadline no earlier than the shard's next, is the first load of lowerTo,
+// done here so that it inlines into every arm; lowerDeadline is the rest.
 func (s *shard) noteDeadline(when int64) {
+	if when < s.next.Load() {
+		s.lowerDeadline(when)
+	}
+}
+
+func (s *shard) lowerDeadline(when int64) {
 	if !lowerTo(&s.next, when) || !lowerTo(&s.g.next, when) {
 		return
 	}

@@ -221,7 +221,7 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 		return w.reject(ErrClosed)
 	}
 	s := w.takeShard()
-	if w.opts.maxPending != 0 && !s.reservePending() { // the check here saves a load of s.w
+	if s.limited && !s.reservePending() { // on the shard line this arm writes anyway
 		return w.reject(errMaxPending{w.opts.maxPending})
 	}
 	i, e, gen := s.slab.newEntry()

@@ -127,9 +127,11 @@ func (t Timer) Stop() bool {
 		case stResetting:
 			runtime.Gosched() // a Reset holds the entry for two stores
 		case stPending, stFiring, stRunning:
-			if !t.stopWord(e, w) {
-				continue
+			if !e.state.CompareAndSwap(w, withState(w, stStopped)) {
+				continue // the word moved on: look again
 			}
+			t.s.stopped.Inc()
+			t.s.releasePending(1) // the timer's own shard: WithMaxPending is striped (pending.go)
 			if isState(w, stPending) {
 				// Let go of the callback now, not when the shard gets to the command below
 				// (on a quiet shard, that may be the timer's deadline). No other goroutine
@@ -152,17 +154,6 @@ func (t Timer) Stop() bool {
 			return false
 		}
 	}
-}
-
-// stopWord moves the entry from the state in w to stopped, if the word is still w, and counts
-// the stop. The caller frees nothing: see Stop for who does.
-func (t Timer) stopWord(e *entry, w uint64) bool {
-	if !e.state.CompareAndSwap(w, withState(w, stStopped)) {
-		return false
-	}
-	t.s.stopped.Inc()
-	t.s.releasePending(1) // the timer's own shard: WithMaxPending is striped (pending.go)
-	return true
 }
 
 // Reset re-arms a pending timer to fire d from now and reports true. If the timer has fired, is
