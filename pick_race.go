@@ -13,16 +13,19 @@ import (
 // This is the race detector's build: there, sync.Pool drops a quarter of its Puts on purpose and
 // makes every Get and Put a happens-before edge (a vector-clock acquire or release, the
 // detector's dearest operations), so the per-P tokens of pick.go cost more than the rest of an
-// arm and keep moving. Here the caller's stack address names it instead: stacks are at least
-// 2 KiB and aligned to their size, so addr>>11 tells goroutines apart without reading or writing
-// anything shared.
+// arm and keep moving. Here the address of the caller's stack frame names it instead, in 2 KiB
+// windows (addr>>11): goroutine stacks are at least 2 KiB and aligned to their size, so two
+// goroutines never share a window, and nothing shared is written to tell them apart. A goroutine
+// whose stack is larger may arm from several windows (at different call depths), and then from
+// several shards; that costs only the sharing below.
 //
-// A bare hash of that address onto the shards put two goroutines on one shard as often as
-// chance does (half the time with 2 shards), and two producers sharing a ring cost twice as
-// much per pair under the detector (contended atomics are ten times dearer there than
-// uncontended ones). So a stack's first arm assigns it the next shard in turn, in slots: a
-// table of stack hashes to shards, filled round-robin. The first len(shards) goroutines to arm
-// get distinct shards unless their hashes share a slot (1 in len(slots) for each pair).
+// A bare hash of the window onto the shards put two goroutines on one shard as often as chance
+// does (half the time with 2 shards), and two producers sharing a ring cost twice as much per
+// pair under the detector (contended atomics are ten times dearer there than uncontended ones).
+// So a window's first arm assigns it the next shard in turn, in slots: a table of window hashes
+// to shards, filled round-robin. Producers arming from distinct slots get distinct shards until
+// every shard has one; two windows share a slot, and so a shard, 1 time in len(slots). With more
+// shards than slots the table could not reach them all, and the bare hash is used.
 //
 // Fields: slots and seq are written by any producer, each slot once (by CAS from 0); a slot holds
 // its shard's index plus one. A goroutine whose stack moves (it grew) takes a new slot; a slot is
@@ -48,10 +51,13 @@ func (w *Wheel) takeShard() *shard {
 func (p *picker) shardFor(addr uintptr, n uint32) uint32 {
 	h := uint64(addr) >> 11 // goroutine stacks are 2 KiB apart at least
 	h *= 0x9e3779b97f4a7c15 // Fibonacci hashing: spread the high bits
+	if n > uint32(len(p.slots)) {
+		return uint32((h >> 32) % uint64(n))
+	}
 	slot := &p.slots[h>>56]
 	v := slot.Load()
 	if v == 0 {
-		v = p.seq.Inc()%n + 1
+		v = (p.seq.Inc()-1)%n + 1 // shards 0, 1, ... in turn
 		if !slot.CompareAndSwap(0, v) {
 			v = slot.Load() // another goroutine with this hash took the slot first
 		}

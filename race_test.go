@@ -53,31 +53,34 @@ func TestRacePickSpreads(t *testing.T) {
 	require.Greater(t, len(used), 1, "64 goroutines all landed on one shard")
 }
 
-// TestRacePickRoundRobin: the race build's picker gives each new stack the next shard in turn,
-// so goroutines that arm at the same time do not share a ring by chance; a stack keeps its shard;
-// stacks whose hashes share a slot share its shard.
+// TestRacePickRoundRobin: the race build's picker gives each new stack window the next shard in
+// turn, from shard 0, so goroutines that arm at the same time do not share a ring by chance (a
+// bare hash of these addresses put the first two on one shard); a window keeps its shard; with
+// more shards than the table has slots, every shard is still reached.
 func TestRacePickRoundRobin(t *testing.T) {
 	const n = 4
 	var p sw.Picker
-	got := map[uint32]uintptr{}
-	addr := uintptr(1 << 30)
-	for len(got) < n {
-		s := p.ShardFor(addr, n)
-		require.Less(t, s, uint32(n))
-		prev, seen := got[s]
-		require.False(t, seen, "stacks %#x and %#x share shard %d before every shard has one", prev, addr, s)
-		got[s] = addr
-		addr += 2 << 10 // the next 2 KiB stack
+	base := uintptr(1 << 30)
+	stack := func(k int) uintptr { return base + uintptr(k)<<11 } // the k-th 2 KiB stack
+	for k := range n {
+		require.EqualValues(t, k, p.ShardFor(stack(k), n), "the %d-th new stack takes the next shard", k)
 	}
-	for s, a := range got {
-		require.Equal(t, s, p.ShardFor(a, n), "a stack keeps its shard")
-		require.Equal(t, s, p.ShardFor(a+1000, n), "deeper in the same 2 KiB stack: the same shard")
+	for k := range n {
+		require.EqualValues(t, k, p.ShardFor(stack(k), n), "a stack keeps its shard")
+		require.EqualValues(t, k, p.ShardFor(stack(k)+1000, n), "elsewhere in the same 2 KiB window: the same shard")
 	}
-	// Many stacks: the table hands out every shard.
+
+	var two sw.Picker
+	require.EqualValues(t, 0, two.ShardFor(stack(0), 2))
+	require.EqualValues(t, 1, two.ShardFor(stack(1), 2), "two producers, two shards")
+
+	const many = 1024 // more shards than slots: the bare hash, which reaches them all
 	var q sw.Picker
-	bySlot := map[uint32]int{}
-	for i := range 257 {
-		bySlot[q.ShardFor(uintptr(1<<30+i<<11), n)]++
+	seen := map[uint32]bool{}
+	for k := range 16 * many {
+		s := q.ShardFor(stack(k), many)
+		require.Less(t, s, uint32(many))
+		seen[s] = true
 	}
-	require.Len(t, bySlot, n, "every shard is handed out")
+	require.Len(t, seen, many, "every one of %d shards is reached", many)
 }

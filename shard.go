@@ -31,9 +31,10 @@ const mallocHeaderSize = 8
 //  0. Read-only after init: the Wheel, the group, expireFn, and the ring's mask and slots, which
 //     producers and the consumer read on every push and pop. Nobody writes this line.
 //  1. What producers write: the ring's tail (and stalledAt, which the consumer writes when it
-//     stalls), the counters of scheduled and stopped timers and the WithMaxPending stock. It is
-//     written by the goroutines of (mostly) one P, because takeShard maps a P to a shard, and by
-//     Stop and Reset of this shard's timers from any P.
+//     stalls), the counters of scheduled and stopped timers and the WithMaxPending stock; and
+//     limited, read-only, which the arm and Stop read here since they write this line anyway.
+//     It is written by the goroutines of (mostly) one P, because takeShard maps a P to a shard,
+//     and by Stop and Reset of this shard's timers from any P.
 //  2. The slab's (pool.go): its free stack is lock-free, used by producers and by whoever frees
 //     an entry. The published next deadline sits there too: producers read it on every arm and
 //     the holder of mu writes it after each advance; both kept off the owner's lines below.
@@ -167,6 +168,7 @@ func (s *shard) noteDeadline(when int64) {
 	}
 }
 
+// lowerDeadline is noteDeadline past its first load: when may be below s.next.
 func (s *shard) lowerDeadline(when int64) {
 	if !lowerTo(&s.next, when) || !lowerTo(&s.g.next, when) {
 		return
