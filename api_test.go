@@ -27,6 +27,22 @@ func manualWheel(t *testing.T, opts ...sw.Option) (*sw.Wheel, *sw.ManualClock) {
 	return w, clk
 }
 
+// armStuck arms a callback due after d that blocks its worker until release is closed, then calls
+// then (if not nil); started is closed when the callback begins.
+func armStuck(t *testing.T, w *sw.Wheel, d time.Duration, then func()) (started, release chan struct{}) {
+	t.Helper()
+	started, release = make(chan struct{}), make(chan struct{})
+	_, err := w.AfterFunc(d, func() {
+		close(started)
+		<-release
+		if then != nil {
+			then()
+		}
+	})
+	require.NoError(t, err)
+	return started, release
+}
+
 // requireBalance checks the exactly-once accounting of a quiet wheel.
 func requireBalance(t *testing.T, w *sw.Wheel) {
 	t.Helper()
@@ -308,11 +324,8 @@ func TestFullQueue(t *testing.T) {
 		t.Run(policy.String(), func(t *testing.T) {
 			w, err := sw.New(sw.WithWorkers(2), sw.WithQueueSize(1), sw.WithFullPolicy(policy))
 			require.NoError(t, err)
-			release := make(chan struct{})
-			started := make(chan struct{})
 			var ran atomic.Int64
-			_, err = w.AfterFunc(0, func() { close(started); <-release; ran.Add(1) })
-			require.NoError(t, err)
+			started, release := armStuck(t, w, 0, func() { ran.Add(1) })
 			<-started
 			const n = 200
 			var wg sync.WaitGroup

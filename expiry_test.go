@@ -18,10 +18,7 @@ import (
 func TestExpirySlowCallbackHoldsNothing(t *testing.T) {
 	w, err := sw.New(sw.WithWorkers(2), sw.WithShards(1))
 	require.NoError(t, err)
-	release := make(chan struct{})
-	started := make(chan struct{})
-	_, err = w.AfterFunc(0, func() { close(started); <-release })
-	require.NoError(t, err)
+	started, release := armStuck(t, w, 0, nil)
 	<-started
 	const n = 100
 	var wg sync.WaitGroup

@@ -1,6 +1,7 @@
 package shardwheel_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +12,23 @@ import (
 
 // Stop and Advance called from callbacks, while another goroutine stops or advances the wheel:
 // none of them may wait for a goroutine that waits for it (found by review).
+
+// within fails the test with why unless ch delivers within 5 s: a deadlock shows as a failure,
+// not as a test binary that hangs until its timeout.
+func within(t *testing.T, ch <-chan struct{}, why string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal(why)
+	}
+}
+
+// blockingManualWheel is a manual-clock wheel whose one worker and one-slot queue make Advance
+// block on the queue as soon as a callback holds the worker (the Block policy).
+func blockingManualWheel(t *testing.T) (*sw.Wheel, *sw.ManualClock) {
+	return manualWheel(t, sw.WithShards(1), sw.WithWorkers(1), sw.WithQueueSize(1))
+}
 
 // TestStopFromCallbackWhileStopping (found by review): API.md says Stop is safe from several goroutines and,
 // from inside a callback, does not deadlock. Here another goroutine's Stop is under way (it waits
@@ -29,11 +47,7 @@ func TestStopFromCallbackWhileStopping(t *testing.T) {
 	<-started
 	done := make(chan struct{})
 	go func() { w.Stop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("deadlock: Stop waits for the worker, whose callback waits for the first for that Stop")
-	}
+	within(t, done, "deadlock: Stop waits for the worker, whose callback waits for the first for that Stop")
 }
 
 // TestStopFromTwoCallbacks (found by review): two callbacks on two workers call Stop at about
@@ -58,11 +72,7 @@ func TestStopFromTwoCallbacks(t *testing.T) {
 	}
 	close(gate)
 	for i := 0; i < 2; i++ {
-		select {
-		case <-out:
-		case <-time.After(5 * time.Second):
-			t.Fatal("deadlock: the first Stop waits for the other worker, whose Stop waits for the first")
-		}
+		within(t, out, "deadlock: the first Stop waits for the other worker, whose Stop waits for the first")
 	}
 }
 
@@ -72,9 +82,7 @@ func TestStopFromTwoCallbacks(t *testing.T) {
 // callback calls Stop, which waits for advMu; the Advance caller waits for room in the queue,
 // which only that worker would make.
 func TestManualClockStopFromCallbackDeadlock(t *testing.T) {
-	clk := sw.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	w, err := sw.New(sw.WithClock(clk), sw.WithShards(1), sw.WithWorkers(1), sw.WithQueueSize(1))
-	require.NoError(t, err)
+	w, clk := blockingManualWheel(t)
 	first := true
 	for i := 0; i < 4; i++ {
 		_, err := w.AfterFunc(time.Millisecond, func() {
@@ -87,20 +95,14 @@ func TestManualClockStopFromCallbackDeadlock(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() { clk.Advance(time.Millisecond); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("deadlock: Advance blocks on the full queue, the only worker blocks in Stop on advMu")
-	}
+	within(t, done, "deadlock: Advance blocks on the full queue, the only worker blocks in Stop on advMu")
 }
 
 // TestManualClockAdvanceFromCallbackDeadlock (found by review): Advance's doc says that called from a callback
 // that Advance is running, it moves the clock and returns at once. On a worker it is not the
 // advancer goroutine, so it waits for advMu, held by the Advance that waits for the queue.
 func TestManualClockAdvanceFromCallbackDeadlock(t *testing.T) {
-	clk := sw.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	w, err := sw.New(sw.WithClock(clk), sw.WithShards(1), sw.WithWorkers(1), sw.WithQueueSize(1))
-	require.NoError(t, err)
+	w, clk := blockingManualWheel(t)
 	first := true
 	ran := make(chan struct{}, 8)
 	for i := 0; i < 4; i++ {
@@ -115,21 +117,13 @@ func TestManualClockAdvanceFromCallbackDeadlock(t *testing.T) {
 	}
 	// Due at 2ms: the callback's Advance moves the clock there, and the running Advance (or
 	// the rerun it asked for) dispatches it before it lets go.
-	_, err = w.AfterFunc(2*time.Millisecond, func() { ran <- struct{}{} })
+	_, err := w.AfterFunc(2*time.Millisecond, func() { ran <- struct{}{} })
 	require.NoError(t, err)
 	done := make(chan struct{})
 	go func() { clk.Advance(time.Millisecond); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("deadlock: Advance blocks on the full queue, the only worker blocks in Advance on advMu")
-	}
+	within(t, done, "deadlock: Advance blocks on the full queue, the only worker blocks in Advance on advMu")
 	for i := 0; i < 5; i++ {
-		select {
-		case <-ran:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("only %d of 5 callbacks ran", i)
-		}
+		within(t, ran, fmt.Sprintf("only %d of 5 callbacks ran", i))
 	}
 	require.Zero(t, w.Stop())
 }

@@ -57,17 +57,14 @@ func TestStatsLatenessCountsEveryStart(t *testing.T) {
 func TestStatsQueued(t *testing.T) {
 	w, mc := manualWheel(t, sw.WithWorkers(1))
 
-	release := make(chan struct{})
-	started := make(chan struct{})
-	_, err := w.AfterFunc(time.Millisecond, func() { close(started); <-release })
-	require.NoError(t, err)
+	started, release := armStuck(t, w, time.Millisecond, nil)
 	mc.Advance(time.Millisecond)
 	<-started // the one worker is busy now
 
 	const n = 10
 	var ran atomic.Int64
 	for range n {
-		_, err = w.AfterFunc(time.Millisecond, func() { ran.Add(1) })
+		_, err := w.AfterFunc(time.Millisecond, func() { ran.Add(1) })
 		require.NoError(t, err)
 	}
 	mc.Advance(time.Millisecond) // dispatched: in the queue, behind the busy worker
