@@ -13,17 +13,29 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 )
 
+// newPlot is a plot with its title and axis labels and the legend at the top left.
+func newPlot(title, x, y string) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = x
+	p.Y.Label.Text = y
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return p
+}
+
+// logY puts p's y axis on a log scale with ticks at 1, 2 and 5 of each decade.
+func logY(p *plot.Plot) {
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = ticks125{}
+}
+
 // plotPairs draws the median cost of a schedule+stop pair against the number of pending
 // timers, one line per implementation, on a log scale of cost.
 func plotPairs(r *Results, path string) error {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("schedule+stop pair cost, %d producers (median of %d)", r.Meta.GOMAXPROCS, r.Meta.Reps)
-	p.X.Label.Text = "timers already pending (an hour out)"
-	p.Y.Label.Text = "ns per pair (log scale)"
-	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = ticks125{}
-	p.Legend.Top = true
-	p.Legend.Left = true
+	p := newPlot(fmt.Sprintf("schedule+stop pair cost, %d producers (median of %d)", r.Meta.GOMAXPROCS, r.Meta.Reps),
+		"timers already pending (an hour out)", "ns per pair (log scale)")
+	logY(p)
 	levels := append(append([]int{}, r.cfg.Pending...), r.cfg.BigN)
 	if r.cfg.HugeN > 0 {
 		levels = append(levels, r.cfg.HugeN)
@@ -74,15 +86,11 @@ const latenessFloor = 0.001 // ms = 1 µs
 // fraction of timers that fired within x ms of their deadline (the per-quantile median over
 // the repetitions).
 func plotLateness(r *Results, path string) error {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("flood: %s timers due within %v — lateness CDF", count(r.cfg.FloodN), r.cfg.FloodSpread)
-	p.X.Label.Text = "lateness against the timer's own deadline, ms (log scale; ≤ 1 µs drawn at 1 µs)"
-	p.Y.Label.Text = "fraction of timers fired"
+	p := newPlot(fmt.Sprintf("flood: %s timers due within %v — lateness CDF", count(r.cfg.FloodN), r.cfg.FloodSpread),
+		"lateness against the timer's own deadline, ms (log scale; ≤ 1 µs drawn at 1 µs)", "fraction of timers fired")
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Y.Min, p.Y.Max = 0, 1
-	p.Legend.Top = true
-	p.Legend.Left = true
 	for k := Runtime; k < numKinds; k++ {
 		reps := r.LatenessCDF[k.key()]
 		if len(reps) == 0 {

@@ -212,14 +212,9 @@ func plotSustained(r *Results, path string) error {
 	if len(r.cfg.Rates) == 0 {
 		return nil
 	}
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("sustained RPC-like load: p99 lateness (median of %d), %s pending an hour out", r.Meta.Reps, count(r.cfg.SustainedBackground))
-	p.X.Label.Text = "target arms per second (90% stopped after 1 ms, 10% fire after 5–50 ms)"
-	p.Y.Label.Text = "p99 lateness, ms (log scale)"
-	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = ticks125{}
-	p.Legend.Top = true
-	p.Legend.Left = true
+	p := newPlot(fmt.Sprintf("sustained RPC-like load: p99 lateness (median of %d), %s pending an hour out", r.Meta.Reps, count(r.cfg.SustainedBackground)),
+		"target arms per second (90% stopped after 1 ms, 10% fire after 5–50 ms)", "p99 lateness, ms (log scale)")
+	logY(p)
 	var ticks []plot.Tick
 	for i, rate := range r.cfg.Rates {
 		ticks = append(ticks, plot.Tick{Value: float64(i), Label: rateLabel(rate)})
