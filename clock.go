@@ -72,11 +72,7 @@ func (c *ManualClock) Advance(d time.Duration) {
 	}
 	for {
 		old := c.elapsed.Load()
-		n := old + int64(d)
-		if n < old {
-			n = math.MaxInt64
-		}
-		if c.elapsed.CompareAndSwap(old, n) {
+		if c.elapsed.CompareAndSwap(old, satAddNanos(old, int64(d))) {
 			break
 		}
 	}
@@ -138,11 +134,16 @@ func (w *Wheel) deadlineFrom(now int64, d time.Duration) int64 {
 	if d <= 0 {
 		return w.tickAt(now)
 	}
-	t := now + int64(d)
-	if t < now {
-		t = math.MaxInt64 // saturate at the end of time, never wrap
+	return (satAddNanos(now, int64(d))-1)/w.tick + 1 // the end of time, never a wrap
+}
+
+// satAddNanos adds two non-negative nanosecond counts, saturating at math.MaxInt64, the end of
+// time.
+func satAddNanos(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
 	}
-	return (t-1)/w.tick + 1
+	return a + b
 }
 
 // advanceManual advances the wheel to its manual clock's time. A call from inside the running
@@ -217,9 +218,7 @@ func (w *Wheel) advance() {
 			}
 			s.mu.Lock()
 			s.advanceLocked(m, 0)
-			w.batch = append(w.batch, s.fired...)
-			clear(s.fired)
-			s.fired = s.fired[:0]
+			w.batch = s.takeFiredLocked(w.batch)
 			s.mu.Unlock()
 		}
 		if len(w.batch) == 0 && m == never {

@@ -143,11 +143,3 @@ func (w *Wheel) tickStart(t int64) int64 {
 	}
 	return t * w.tick
 }
-
-// satAddNanos adds two non-negative nanosecond counts, saturating at math.MaxInt64.
-func satAddNanos(a, b int64) int64 {
-	if b > math.MaxInt64-a {
-		return math.MaxInt64
-	}
-	return a + b
-}

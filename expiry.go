@@ -318,9 +318,7 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 		if !w.closed.Load() {
 			s.mu.Lock()
 			done = s.advanceLocked(now, stepBudget)
-			wk.batch = append(wk.batch[:0], s.fired...)
-			clear(s.fired)
-			s.fired = s.fired[:0]
+			wk.batch = s.takeFiredLocked(wk.batch[:0])
 			s.mu.Unlock()
 		}
 		rest := w.offerFired(wk, wk.batch)

@@ -2,6 +2,7 @@ package shardwheel
 
 import (
 	"fmt"
+	"runtime"
 	"time"
 	"unsafe"
 )
@@ -144,12 +145,19 @@ func SetTrimDelays(quiet, look time.Duration) (restore func()) {
 var TrimQuiet = trimQuiet
 
 // TrimNow trims every shard at once, as the advancer does after trimQuiet, and returns the
-// bytes given back. Any goroutine may call it, also while the wheel runs.
+// bytes given back. Any goroutine may call it, also while the wheel runs: where a shard's locks
+// are held it tries again until it gets them, as the trimmer's next look would.
 func (w *Wheel) TrimNow() int64 {
 	n := int64(0)
 	for _, s := range w.shards {
-		f, _, _ := s.trim(false)
-		n += f
+		for {
+			f, _, ok := s.trim()
+			if ok {
+				n += f
+				break
+			}
+			runtime.Gosched()
+		}
 	}
 	return n
 }

@@ -45,15 +45,12 @@ func creditBatch(maxPending, shards int) int64 {
 }
 
 // reservePending takes one credit for a timer about to be scheduled on s; false if none is free.
-// Without WithMaxPending it does nothing.
+// Only with WithMaxPending (s.limited): its caller, schedule, tests that first, inline.
 //
 // The fast path is one atomic add. A result below zero means the stock was empty: the add is
 // undone (so a stock may read negative for an instant; take treats that as empty) and the slow
 // path runs.
 func (s *shard) reservePending() bool {
-	if !s.limited {
-		return true
-	}
 	if s.credit.Dec() >= 0 {
 		return true
 	}

@@ -13,7 +13,10 @@ const (
 	opMask   = 1<<opBits - 1
 )
 
-// ringClosed is the top bit of ring.tail; once set by close, push fails.
+// A push appends a command: claim, then publish (shard.send). Any goroutine may push; a push never
+// blocks.
+
+// ringClosed is the top bit of ring.tail; once set by close, a push fails.
 const ringClosed = uint64(1) << 63
 
 // ring is a bounded multi-producer single-consumer queue of commands: Vyukov's bounded queue with
@@ -81,15 +84,6 @@ func (r *ring) init(size int) {
 	for i := range r.slots {
 		r.slots[i].seq.Store(uint64(i))
 	}
-}
-
-// push appends a command. Any goroutine may call it. It never blocks.
-func (r *ring) push(i uint32, cmd uint64) pushResult {
-	s, pos, res := r.claim()
-	if s == nil {
-		return res
-	}
-	return res | r.publish(s, pos, i, cmd)
 }
 
 // claim reserves the next position for one command and returns its slot, or a nil slot with

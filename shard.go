@@ -58,7 +58,10 @@ type shard struct {
 	_       [2*cacheLineSize - mallocHeaderSize - unsafe.Sizeof(shardLine0{}) - unsafe.Sizeof(shardLine1{})]byte
 
 	slab slab
-	next atomic.Int64 // a lower bound of the earliest deadline in the ring or the wheel (ticks)
+	// next is a lower bound of the earliest deadline in the ring or the wheel (ticks), except
+	// for commands behind a slot claimed and not yet published when the consumer last drained:
+	// the publish of that slot kicks the shard (ring.stall), and the kick lowers next.
+	next atomic.Int64
 	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 8]byte
 
 	mu    sync.Mutex
@@ -114,7 +117,10 @@ func (s *shard) init(w *Wheel, ringSize int) {
 func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 	cmd := gen<<opBits | op
 	for {
-		res := s.ring.push(i, cmd)
+		slot, pos, res := s.ring.claim() // claim and publish, not a push function: one call fewer
+		if slot != nil {
+			res |= s.ring.publish(slot, pos, i, cmd)
+		}
 		contended = contended || res&ringContended != 0
 		switch {
 		case res&ringKick != 0:
@@ -213,9 +219,12 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 	switch cmd & opMask {
 	case opAdd:
 		// A timer stopped before its add arrived never touches the wheel: its cancel command
-		// follows this one and frees it. An entry cannot be reused before its add is taken.
-		// A Reset may hold the entry (resetting): link it at either deadline; its reset
-		// command follows this one and moves it.
+		// frees it. For a one-shot the cancel follows this add (the producer publishes the add
+		// before it returns the Timer). An Every's re-arm may come after its cancel, and even
+		// after the entry was freed and armed again: a worker paused between its CAS to pending
+		// and its send lets a Stop's cancel in first. The gen check makes such a late add
+		// harmless. A Reset may hold the entry (resetting): link it at either deadline; its
+		// reset command follows this one and moves it.
 		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isState(w, stResetting)) {
 			s.tw.insert(i, e, e.when.Load())
 		}
@@ -234,6 +243,15 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 			s.tw.insert(i, e, e.when.Load())
 		}
 	}
+}
+
+// takeFiredLocked appends what the last advance fired to dst and empties s.fired, keeping its
+// array, cleared, for the next advance. The caller holds s.mu.
+func (s *shard) takeFiredLocked(dst []ref) []ref {
+	dst = append(dst, s.fired...)
+	clear(s.fired)
+	s.fired = s.fired[:0]
+	return dst
 }
 
 // expire is called by wheel.advance for each entry of a bucket that came due, with

@@ -142,7 +142,7 @@ func (t Timer) Stop() bool {
 				// freed, and so written by a next producer, only when the shard takes this
 				// command, which the ring orders after these writes. From firing or running,
 				// the worker still reads them: it frees the entry itself, without delay.
-				e.f, e.arg = nil, nil
+				clearEntry(e)
 				// The entry is in the ring or the wheel; the shard unlinks and frees it when it
 				// takes this command. If the ring was closed by Wheel.Stop, nobody needs it.
 				t.s.send(t.i, t.gen, opCancel)

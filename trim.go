@@ -2,7 +2,6 @@ package shardwheel
 
 import (
 	"slices"
-	"sync"
 	"time"
 )
 
@@ -72,10 +71,7 @@ func (w *Wheel) trimIdle(now int64) int64 {
 	}
 	w.trimDirty.Store(false) // before the look: a grow after this store is seen by the next call
 	t.last = now
-	t.next = now + int64(trimLook)
-	if t.next < now {
-		t.next = never // a manual clock near the end of time
-	}
+	t.next = now + int64(trimLook) // may wrap near the end of time: see the end
 	watching := false
 	for i, s := range w.shards {
 		sw := &t.slabs[i]
@@ -88,7 +84,7 @@ func (w *Wheel) trimIdle(now int64) int64 {
 		if now-sw.since >= int64(trimQuiet) {
 			// The tag the trim left: any other push or pop, also one during the trim, changes it.
 			// Not ok: the shard is in use right now (see shard.trim); looked at again next time.
-			if _, tag, ok := s.trim(true); ok {
+			if _, tag, ok := s.trim(); ok {
 				sw.tag, sw.since, sw.trimmed = tag, now, true
 				continue
 			}
@@ -120,27 +116,18 @@ func (w *Wheel) noteGrow() {
 // back the slab's chunks whose entries are all free. It returns what slab.trim does. Any
 // goroutine may call it; it takes s.mu for the drain, then growMu.
 //
-// With try it waits for neither, and reports ok false if either is held. The trimmer passes
-// try: it runs on the keeper, which must never wait for a goroutine that may be paused while it
-// holds one of them (a producer in grow or draining a full ring, preempted or assisting the GC):
-// every shard's timers would wait with it. A held lock means the shard is in use, so there is
-// nothing to trim there anyway.
-func (s *shard) trim(try bool) (freed int64, tag uint32, ok bool) {
-	if !lock(&s.mu, try) {
+// It waits for neither lock: it reports ok false if either is held. The trimmer runs on the
+// keeper, which must never wait for a goroutine that may be paused while it holds one of them (a
+// producer in grow or draining a full ring, preempted or assisting the GC): every shard's timers
+// would wait with it. A held lock means the shard is in use, so there is nothing to trim there
+// anyway.
+func (s *shard) trim() (freed int64, tag uint32, ok bool) {
+	if !s.mu.TryLock() {
 		return 0, 0, false
 	}
 	s.drainLocked()
 	s.mu.Unlock()
-	return s.slab.trim(try)
-}
-
-// lock locks mu, or with try only tries to, and reports whether the caller now holds it.
-func lock(mu *sync.Mutex, try bool) bool {
-	if try {
-		return mu.TryLock()
-	}
-	mu.Lock()
-	return true
+	return s.slab.trim()
 }
 
 // trim gives back to the Go heap every chunk all of whose entries are on the free stack, and
@@ -148,7 +135,7 @@ func lock(mu *sync.Mutex, try bool) bool {
 // the tag its own CASes would leave if nobody else touched the stack meanwhile; so the tag
 // differs from it if a push or pop came between, also one during the trim (whose entries count
 // as in use here, and whose chunks the next trim must look at). Any goroutine may call it; ok
-// is false only if try is set and growMu was held. The steps:
+// is false if growMu was held (a grow or another trim is under way). The steps:
 //  1. Under growMu, so that no grow or other trim changes the table meanwhile.
 //  2. Take the whole free stack with one CAS (which bumps the tag, so a pop that read the old
 //     head fails its CAS). The taken entries are now the trimmer's alone. Producers that find
@@ -159,8 +146,8 @@ func lock(mu *sync.Mutex, try bool) bool {
 //  4. Release each chunk whose entries were all taken: raise genFloor to its highest gen, and
 //     point its slot at deadChunk in a new table (copy-on-write: see pool.go's invariants).
 //  5. Push the kept chunks' lists back, lowest chunk on top.
-func (sl *slab) trim(try bool) (freed int64, tag uint32, ok bool) {
-	if !lock(&sl.growMu, try) { // 1
+func (sl *slab) trim() (freed int64, tag uint32, ok bool) {
+	if !sl.growMu.TryLock() { // 1
 		return 0, 0, false
 	}
 	defer sl.growMu.Unlock()
