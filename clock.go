@@ -218,7 +218,9 @@ func (w *Wheel) advance() {
 			}
 			s.mu.Lock()
 			s.advanceLocked(m, 0)
-			w.batch = s.takeFiredLocked(w.batch)
+			w.batch = append(w.batch, s.fired...)
+			clear(s.fired)
+			s.fired = s.fired[:0]
 			s.mu.Unlock()
 		}
 		if len(w.batch) == 0 && m == never {

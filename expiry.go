@@ -270,6 +270,11 @@ func (w *Wheel) minGroups() int64 {
 // the queue); this one takes the rest a step each, and only the last may go on with more steps:
 // the others are let go of, still due, for the next keeper to hand out again, so one shard's
 // flood never holds up the shards claimed with it.
+//
+// A shard kept for later waits its turn as claimRunning, published into its group, as a shard
+// whose advancer runs callbacks does: the steps before it run callbacks that may block, and a
+// keeper (a worker that came free meanwhile) must be able to take it over. Its turn comes only
+// if this goroutine can take it back (CAS running -> advancing).
 func (w *Wheel) advanceDue(wk *worker, now int64) {
 	mine := wk.due[:1]
 	for _, s := range wk.due[1:] {
@@ -282,9 +287,14 @@ func (w *Wheel) advanceDue(wk *worker, now int64) {
 			c.adv = nil
 			chunkPool.Put(c)
 		}
+		s.claim.Store(claimRunning)
+		w.publishGroup(s)
 		mine = append(mine, s) // overwrites an element the loop has read already
 	}
 	for i, s := range mine {
+		if i > 0 && !s.claim.CompareAndSwap(claimRunning, claimAdvancing) {
+			continue // a keeper took it over
+		}
 		w.advanceShard(wk, s, now, i == len(mine)-1)
 	}
 }
@@ -318,11 +328,22 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 		if !w.closed.Load() {
 			s.mu.Lock()
 			done = s.advanceLocked(now, stepBudget)
-			wk.batch = s.takeFiredLocked(wk.batch[:0])
+			wk.batch, s.fired = s.fired, wk.batch[:0] // wk.batch is empty: cleared after each run
 			s.mu.Unlock()
 		}
-		rest := w.offerFired(wk, wk.batch)
 		goOn := !done && more
+		if goOn && len(wk.batch) == 0 {
+			// A step that only cascaded: nothing runs, so the claim stays advancing and is
+			// not published (which would wake the keeper to take over a shard nobody waits
+			// for); the same test as below decides whether to go on.
+			if w.letGo(s) {
+				s.claim.Store(claimFree)
+				w.publishGroup(s)
+				return
+			}
+			continue
+		}
+		rest := w.offerFired(wk, wk.batch)
 		if goOn {
 			s.claim.Store(claimRunning)
 		} else {
@@ -335,7 +356,7 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 		if !goOn {
 			return
 		}
-		if len(w.pool.queue) > 0 || !w.keeper.Load() && w.unownedDue(s) {
+		if w.letGo(s) {
 			if s.claim.CompareAndSwap(claimRunning, claimFree) {
 				w.publishGroup(s)
 			}
@@ -345,6 +366,13 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 			return // a keeper took it over
 		}
 	}
+}
+
+// letGo reports whether the advancer of s should let it go rather than take its next step: work
+// waits in the queue, or another shard may be due that nobody advances and nobody keeps time to
+// see.
+func (w *Wheel) letGo(s *shard) bool {
+	return len(w.pool.queue) > 0 || !w.keeper.Load() && w.unownedDue(s)
 }
 
 // unownedDue reports whether a shard other than s may be due with nobody advancing it: a free

@@ -74,3 +74,32 @@ func TestExpiryFloodDoesNotStarveOtherShards(t *testing.T) {
 		})
 	}
 }
+
+// TestExpiryKeptShardNotStuckBehindCallbacks (found by review): the keeper claims two shards at
+// one tick while no worker is idle, keeps both, and runs the first one's step, whose callback
+// blocks. The second shard waited for its turn claimed as advancing, which no keeper may take
+// over: a worker that came free meanwhile could not reach it, and its timer waited for the
+// blocked callback. It now waits as running, published, and the free worker takes it over.
+func TestExpiryKeptShardNotStuckBehindCallbacks(t *testing.T) {
+	w, err := New(WithWorkers(2), WithShards(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	startedA, relA := make(chan struct{}), make(chan struct{})
+	armOn(t, w, 1, 0, func(any) { close(startedA); <-relA }, nil)
+	<-startedA // one worker is held: the other, the keeper, finds nobody idle
+	startedB, relB := make(chan struct{}), make(chan struct{})
+	doneC := make(chan struct{})
+	armOn(t, w, 0, 20*time.Millisecond, func(any) { close(startedB); <-relB }, nil)
+	armOn(t, w, 1, 20*time.Millisecond, func(any) { close(doneC) }, nil)
+	<-startedB // the keeper runs shard 0's callback, which blocks it
+	close(relA) // the first worker comes free
+	select {
+	case <-doneC:
+	case <-time.After(5 * time.Second):
+		t.Error("the timer on shard 1 waited for a blocked callback of shard 0 with a worker free")
+	}
+	close(relB)
+	<-doneC
+}

@@ -72,9 +72,12 @@ type shard struct {
 
 	// claim says who advances the shard on the system clock (expiry.go), which lets go of mu
 	// between steps: claimFree (nobody), claimAdvancing (one goroutine advances it; nobody else
-	// may), claimRunning (its advancer is running the callbacks of a step and means to come
-	// back for the next one; the keeper may take it over). Only CASes move it from free or
-	// running to advancing; only the goroutine that holds it advancing moves it on.
+	// may), claimRunning (its advancer is running the callbacks of a step, or of another shard
+	// claimed with it, and means to come back; the keeper may take it over). Only CASes move
+	// it from free or running to advancing; only the goroutine that holds it advancing moves
+	// it on, and whoever moves it off advancing publishes s.next into the group next
+	// (publishGroup): the keeper's group summary leaves claimed shards out, so that publish is
+	// what brings the shard back into view.
 	claim atomic.Int32
 
 	// Shards are allocated one by one; this keeps the owner's fields above off the cache line
@@ -243,15 +246,6 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 			s.tw.insert(i, e, e.when.Load())
 		}
 	}
-}
-
-// takeFiredLocked appends what the last advance fired to dst and empties s.fired, keeping its
-// array, cleared, for the next advance. The caller holds s.mu.
-func (s *shard) takeFiredLocked(dst []ref) []ref {
-	dst = append(dst, s.fired...)
-	clear(s.fired)
-	s.fired = s.fired[:0]
-	return dst
 }
 
 // expire is called by wheel.advance for each entry of a bucket that came due, with
