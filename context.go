@@ -114,11 +114,12 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 	if cause != nil {
 		c.x.Store(&ctxExt{cause: cause}) // before the context is shared
 	}
-	if pw != nil {
-		if ps := pw.state.Load() & endMask; ps != 0 {
-			c.state.Store(fromParent(ps)) // before the context is shared: a plain store is enough
-			return c, c.cancel
-		}
+	// A parent that has ended is asked by Err, not by its state word: Err waits for an ender
+	// paused after its CAS to close the parent's Done and set its cause, which this context's
+	// Cause reads through the parent (ctxGate.Value). A live parent costs one load either way.
+	if pw != nil && pw.Err() != nil {
+		c.state.Store(fromParent(pw.state.Load() & endMask)) // not shared yet: a plain store
+		return c, c.cancel
 	}
 	if d <= 0 {
 		c.state.Store(endDeadline)
@@ -133,6 +134,7 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 		if pw.addKid(c) {
 			c.pw = pw
 		} else {
+			pw.Err() // the parent's ender took its kids: wait for it to finish q, as above
 			c.end(fromParent(pw.state.Load() & endMask))
 		}
 	}
@@ -141,6 +143,9 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 	}
 	return c, c.cancel
 }
+
+// testHookEnded, set only by tests, runs in end right after the CAS that ends a context.
+var testHookEnded func(*deadlineCtx)
 
 // The state word of a deadlineCtx:
 //
@@ -290,6 +295,10 @@ func (c *deadlineCtx) cancel() { c.end(endCanceled) }
 // All of it runs before the CancelFunc, the timer callback or the parent's end returns: when any
 // of them returns, the whole subtree is done. Nothing here blocks (q.cancel takes std's locks
 // briefly; children's ends recurse down a finite tree, as std's cancel does).
+// The ender cancels q (f, the gate's registration) before it ends the kids: a kid's Cause reads
+// the cause through this context's q (ctxGate.Value), so it must be set by the time the kid
+// ends. A child made while an ender is between its CAS and that cancel waits in Err for it
+// (withDeadline).
 func (c *deadlineCtx) end(code uint32) {
 	var s uint32
 	for {
@@ -300,6 +309,9 @@ func (c *deadlineCtx) end(code uint32) {
 		if c.state.CompareAndSwap(s, s|code) {
 			break
 		}
+	}
+	if testHookEnded != nil {
+		testHookEnded(c) // tests only: an ender paused here, between its CAS and q's cancel
 	}
 	if s&ctxLinked != 0 {
 		c.mu.Lock()
