@@ -54,19 +54,15 @@ type Opts struct {
 type Collector struct {
 	w *sw.Wheel
 
-	counters []counterDesc
-	gauges   []gaugeDesc
+	metrics  []metricDesc // the counters, then the gauges
 	lateness *prometheus.Desc
 	bounds   []float64 // the lateness buckets' upper bounds in seconds, +Inf left implicit
 }
 
-type counterDesc struct {
+// metricDesc is one counter or gauge: its descriptor, its kind and how to read it from Stats.
+type metricDesc struct {
 	d   *prometheus.Desc
-	get func(*sw.Stats) uint64
-}
-
-type gaugeDesc struct {
-	d   *prometheus.Desc
+	vt  prometheus.ValueType
 	get func(*sw.Stats) float64
 }
 
@@ -82,32 +78,36 @@ func NewCollector(w *sw.Wheel, o Opts) *Collector {
 	desc := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(ns, "", name), help, nil, o.ConstLabels)
 	}
-	c := &Collector{w: w}
-	c.counters = []counterDesc{
-		{desc("timers_scheduled_total", "Timers accepted by AfterFunc, AfterFuncArg and the helpers; each Every run once."),
-			func(s *sw.Stats) uint64 { return s.Scheduled }},
-		{desc("timers_fired_total", "Callbacks started."),
-			func(s *sw.Stats) uint64 { return s.Fired }},
-		{desc("timers_stopped_total", "Timers for which Timer.Stop reported true."),
-			func(s *sw.Stats) uint64 { return s.Stopped }},
-		{desc("timers_rejected_total", "Scheduling calls that returned an error."),
-			func(s *sw.Stats) uint64 { return s.Rejected }},
-		{desc("timers_dropped_total", "Timers pending at Wheel.Stop, which never run."),
-			func(s *sw.Stats) uint64 { return s.Dropped }},
-		{desc("callback_panics_total", "Callbacks that panicked."),
-			func(s *sw.Stats) uint64 { return s.Panics }},
+	counter := func(name, help string, get func(*sw.Stats) uint64) metricDesc {
+		return metricDesc{desc(name, help), prometheus.CounterValue, func(s *sw.Stats) float64 { return float64(get(s)) }}
 	}
-	c.gauges = []gaugeDesc{
-		{desc("timers_pending", "Timers scheduled, and neither started nor stopped."),
-			func(s *sw.Stats) float64 { return float64(s.Pending) }},
-		{desc("callbacks_queued", "Callbacks handed to the worker pool and not yet started."),
-			func(s *sw.Stats) float64 { return float64(s.Queued) }},
-		{desc("held_bytes", "Memory the wheel holds for timers: in use, or kept for reuse."),
-			func(s *sw.Stats) float64 { return float64(s.HeldBytes) }},
-		{desc("shards", "Shards of the wheel."),
-			func(s *sw.Stats) float64 { return float64(s.Shards) }},
-		{desc("workers", "Worker goroutines of the wheel."),
-			func(s *sw.Stats) float64 { return float64(s.Workers) }},
+	gauge := func(name, help string, get func(*sw.Stats) float64) metricDesc {
+		return metricDesc{desc(name, help), prometheus.GaugeValue, get}
+	}
+	c := &Collector{w: w}
+	c.metrics = []metricDesc{
+		counter("timers_scheduled_total", "Timers accepted by AfterFunc, AfterFuncArg and the helpers; each Every run once.",
+			func(s *sw.Stats) uint64 { return s.Scheduled }),
+		counter("timers_fired_total", "Callbacks started.",
+			func(s *sw.Stats) uint64 { return s.Fired }),
+		counter("timers_stopped_total", "Timers for which Timer.Stop reported true.",
+			func(s *sw.Stats) uint64 { return s.Stopped }),
+		counter("timers_rejected_total", "Scheduling calls that returned an error.",
+			func(s *sw.Stats) uint64 { return s.Rejected }),
+		counter("timers_dropped_total", "Timers pending at Wheel.Stop, which never run.",
+			func(s *sw.Stats) uint64 { return s.Dropped }),
+		counter("callback_panics_total", "Callbacks that panicked.",
+			func(s *sw.Stats) uint64 { return s.Panics }),
+		gauge("timers_pending", "Timers scheduled, and neither started nor stopped.",
+			func(s *sw.Stats) float64 { return float64(s.Pending) }),
+		gauge("callbacks_queued", "Callbacks handed to the worker pool and not yet started.",
+			func(s *sw.Stats) float64 { return float64(s.Queued) }),
+		gauge("held_bytes", "Memory the wheel holds for timers: in use, or kept for reuse.",
+			func(s *sw.Stats) float64 { return float64(s.HeldBytes) }),
+		gauge("shards", "Shards of the wheel.",
+			func(s *sw.Stats) float64 { return float64(s.Shards) }),
+		gauge("workers", "Worker goroutines of the wheel.",
+			func(s *sw.Stats) float64 { return float64(s.Workers) }),
 	}
 	c.lateness = desc("callback_lateness_seconds",
 		"How late each callback started, against its deadline rounded up to the tick.")
@@ -121,10 +121,7 @@ func NewCollector(w *sw.Wheel, o Opts) *Collector {
 
 // Describe sends the descriptors of every metric of the Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, m := range c.counters {
-		ch <- m.d
-	}
-	for _, m := range c.gauges {
+	for _, m := range c.metrics {
 		ch <- m.d
 	}
 	ch <- c.lateness
@@ -133,11 +130,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect takes one Stats snapshot and sends every metric from it.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.w.Stats()
-	for _, m := range c.counters {
-		ch <- prometheus.MustNewConstMetric(m.d, prometheus.CounterValue, float64(m.get(&st)))
-	}
-	for _, m := range c.gauges {
-		ch <- prometheus.MustNewConstMetric(m.d, prometheus.GaugeValue, m.get(&st))
+	for _, m := range c.metrics {
+		ch <- prometheus.MustNewConstMetric(m.d, m.vt, m.get(&st))
 	}
 	// Prometheus buckets are cumulative: bucket "le" bounds[i] counts Buckets[0..i].
 	buckets := make(map[float64]uint64, len(c.bounds))
