@@ -93,7 +93,7 @@ func TestExpiryKeptShardNotStuckBehindCallbacks(t *testing.T) {
 	doneC := make(chan struct{})
 	armOn(t, w, 0, 20*time.Millisecond, func(any) { close(startedB); <-relB }, nil)
 	armOn(t, w, 1, 20*time.Millisecond, func(any) { close(doneC) }, nil)
-	<-startedB // the keeper runs shard 0's callback, which blocks it
+	<-startedB  // the keeper runs shard 0's callback, which blocks it
 	close(relA) // the first worker comes free
 	select {
 	case <-doneC:
