@@ -173,9 +173,8 @@ func (w *Wheel) advanceManual() {
 	for {
 		w.rerun.Store(false)
 		if !w.closed.Load() {
-			w.advOnWorker = onWorker
 			w.advancer.Store(self)
-			w.advance()
+			w.advance(onWorker)
 			w.trimIdle(w.nanos()) // issue 11: give idle chunks back (trim.go)
 			w.advancer.Store(0)
 			if w.stopDeferred {
@@ -203,7 +202,9 @@ func (w *Wheel) advanceManual() {
 // what is due there then was armed by the round's own callbacks (d <= 0), and it waits for the
 // next Advance, so that a callback that re-arms itself at once cannot keep Advance from
 // returning. A shard kicked by a late publish (next set to 0) gets its drain round in between.
-func (w *Wheel) advance() {
+// onWorker says that the caller is one of the wheel's workers (Advance from a callback), which
+// must never wait for room in the queue that it alone may be there to empty (dispatch).
+func (w *Wheel) advance(onWorker bool) {
 	lastNow, lastM := int64(-1), int64(-1)
 	for {
 		now := w.tickAt(w.nanos())
@@ -227,7 +228,7 @@ func (w *Wheel) advance() {
 			return // at the end of time with a 1ns tick, empty shards look due: nothing is
 		}
 		if len(w.batch) > 0 {
-			w.dispatch(w.batch)
+			w.dispatch(w.batch, onWorker)
 			clear(w.batch)
 			w.batch = w.batch[:0]
 		}

@@ -18,8 +18,8 @@ import (
 // advances its own in bounded steps (stepBudget entries per hold of shard.mu), running what each
 // step fired itself, on the core whose cache holds those entries, and offering shares of it only
 // to workers that are idle (Wheel.idle). While the callbacks run, the claim says so
-// (claimRunning), so the next keeper can take the shard over and hand its next step to another
-// worker. So a deadline is one goroutine
+// (claimRunning), so the next keeper can take the shard over and advance its next step itself.
+// So a deadline is one goroutine
 // wake-up from its callback, no goroutine or channel sits on the path of every expired timer, and
 // a flood spreads over every worker (the runtime runs a P's timers on that P; Tokio a worker's
 // wheel on that worker; here any idle worker takes the next step or a share).
@@ -43,8 +43,9 @@ const stepBudget = 4 * maxChunk
 // group is the keeper's summary of consecutive shards.
 type group struct {
 	// next is a lower bound of the next of every shard of the group that is not claimed (ticks).
-	// Atomic: lowered by CAS by producers (noteDeadline) and advancers (publishGroup); stored
-	// (never, then the recomputed minimum) only by the keeper, in collect.
+	// Atomic: lowered by CAS-min by producers (noteDeadline), advancers (publishGroup) and the
+	// keeper's collect (the recomputed minimum); stored (never) only by the keeper, in collect,
+	// before it reads the shards.
 	next   atomic.Int64
 	shards []*shard // immutable
 	_      [cacheLineSize - 8 - 24]byte
@@ -182,17 +183,13 @@ func (w *Wheel) keep(wk *worker) {
 		case c = <-w.pool.queue:
 		case <-w.quit:
 		}
-		if c != nil {
-			w.stopTimer(wk)
-			w.target.Store(awake)
-			w.release()
-			w.runTask(wk, c)
-			return
-		}
 		w.stopTimer(wk)
-		if isClosed(w.quit) {
+		if c != nil || isClosed(w.quit) {
 			w.target.Store(awake)
 			w.release()
+			if c != nil {
+				w.runTask(wk, c)
+			}
 			return
 		}
 	}

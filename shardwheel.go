@@ -73,10 +73,6 @@ type Wheel struct {
 	advMu    sync.Mutex   // serialises manual advances with each other and with Stop
 	advancer atomic.Int64 // goroutine id of the manual advancer while it runs (for Stop from a callback)
 	batch    []ref        // entries fired in the current round; owned by the manual advancer
-	// advOnWorker: the manual advancer is one of the wheel's workers (Advance from a callback),
-	// which must never wait for room in the queue that it alone may be there to empty.
-	// Owned by the manual advancer.
-	advOnWorker bool
 	// trim gives idle chunks back (trim.go); owned by the advancer: the manual one, or the keeper
 	// (one worker at a time; the role's hand-over, an atomic store and CAS, orders their uses).
 	trim trimmer

@@ -124,17 +124,17 @@ func (w *Wheel) offer(wk *worker, c *chunk) bool {
 // dispatch hands a batch of firing entries to the workers, or runs them here with WithWorkers(0).
 // Only a manual clock's Advance calls it, with no lock held. A batch is cut into chunks so that
 // each worker gets a share: one entry per chunk when few timers fire, up to chunkCap in a flood.
-func (w *Wheel) dispatch(batch []ref) {
+func (w *Wheel) dispatch(batch []ref, onWorker bool) {
 	other := w.pool.other()
 	if w.pool.queue == nil {
 		w.runRefs(batch, other)
 		return
 	}
-	// Block waits for room, unless this advance runs on a worker (Advance from a callback: it
-	// may be the only one there to make room), and until Stop begins (the Stop may run in a
+	// Block waits for room, unless this advance runs on a worker (onWorker: Advance from a
+	// callback, which may be the only one there to make room), and until Stop begins (the Stop may run in a
 	// worker's callback and wait for advMu, which this advance holds). Otherwise, and with
 	// CallerRuns, a chunk the queue has no room for runs here.
-	wait := w.opts.policy == Block && !w.advOnWorker
+	wait := w.opts.policy == Block && !onWorker
 	per := max(1, min(w.pool.chunkCap, len(batch)/len(w.pool.done)))
 	for i := 0; i < len(batch); i += per {
 		c := newChunk(batch[i:min(i+per, len(batch))])
