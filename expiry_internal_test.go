@@ -103,3 +103,31 @@ func TestExpiryKeptShardNotStuckBehindCallbacks(t *testing.T) {
 	close(relB)
 	<-doneC
 }
+
+// TestExpiryCascadeDueBeforeDeadlines: timers a producer's own drain links above level 0 must be
+// cascaded at their bucket's start, so the shard's next has to say so. It said only what the
+// producers noted, their deadlines: the keeper then slept until a flood came due and only then
+// re-inserted it one level down, one entry at a time, before the first callback could run (a
+// million timers armed 1.5 s ahead started firing 10 to 18 ms late).
+func TestExpiryCascadeDueBeforeDeadlines(t *testing.T) {
+	clock := NewManualClock(time.Unix(0, 0))
+	w, err := New(WithClock(clock), WithShards(1), WithRingSize(8), WithWorkers(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	s := w.shards[0]
+	const d = 100 * time.Millisecond // tick 100 from tick 0: level 1, in the bucket starting at 64
+	for i := 0; i < 100; i++ {       // more than the ring holds: the producer drains it itself
+		armOn(t, w, 0, d, func(any) {}, nil)
+	}
+	s.mu.Lock()
+	due := s.tw.nextDue()
+	s.mu.Unlock()
+	if due != 64 {
+		t.Fatalf("the wheel's next bucket starts at tick %d, want 64 (the test's premise)", due)
+	}
+	if next := s.next.Load(); next > due {
+		t.Errorf("shard next is tick %d, after the cascade due at tick %d", next, due)
+	}
+}

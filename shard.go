@@ -139,7 +139,13 @@ func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 		// 50,000 times a second in a pair loop, and so kept two Ps landing on one shard.)
 		s.mu.Lock()
 		took := s.drainLocked()
+		next := s.tw.nextDue()
 		s.mu.Unlock()
+		// What the drain linked above level 0 must be cascaded at its bucket's start, earlier
+		// than any deadline a producer noted: let the keeper know, or it would cascade a flood
+		// only when the flood comes due, and fire it that much later (lowering next is always
+		// safe: at worst the shard is visited with nothing to do).
+		s.noteDeadline(next)
 		if !took {
 			runtime.Gosched()
 		}
