@@ -104,30 +104,60 @@ func TestExpiryKeptShardNotStuckBehindCallbacks(t *testing.T) {
 	<-doneC
 }
 
-// TestExpiryCascadeDueBeforeDeadlines: timers a producer's own drain links above level 0 must be
-// cascaded at their bucket's start, so the shard's next has to say so. It said only what the
-// producers noted, their deadlines: the keeper then slept until a flood came due and only then
-// re-inserted it one level down, one entry at a time, before the first callback could run (a
-// million timers armed 1.5 s ahead started firing 10 to 18 ms late).
+// TestExpiryCascadeDueBeforeDeadlines: timers a producer's own drain links above level 0 are
+// cascaded at their bucket's start, so on the system clock the shard's next has to say so. It
+// said only what the producers noted, their deadlines: the keeper then slept until a flood came
+// due and only then re-inserted it one level down, one entry at a time, before the first callback
+// could run (a million timers armed 1.5 s ahead started firing 10 to 18 ms late).
 func TestExpiryCascadeDueBeforeDeadlines(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	w, err := New(WithClock(clock), WithShards(1), WithRingSize(8), WithWorkers(0))
+	w, err := New(WithShards(1), WithRingSize(8))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Stop()
 	s := w.shards[0]
-	const d = 100 * time.Millisecond // tick 100 from tick 0: level 1, in the bucket starting at 64
-	for i := 0; i < 100; i++ {       // more than the ring holds: the producer drains it itself
-		armOn(t, w, 0, d, func(any) {}, nil)
+	// An hour out is above level 0 from any elapsed tick, in a bucket that starts minutes before
+	// it: nothing comes due while the test runs, so the keeper leaves the shard alone.
+	for i := 0; i < 100; i++ { // more than the ring holds: the producer drains it itself
+		armOn(t, w, 0, time.Hour, func(any) {}, nil)
 	}
 	s.mu.Lock()
 	due := s.tw.nextDue()
+	deadline := w.deadline(time.Hour)
 	s.mu.Unlock()
-	if due != 64 {
-		t.Fatalf("the wheel's next bucket starts at tick %d, want 64 (the test's premise)", due)
+	if due >= deadline-60_000 {
+		t.Fatalf("the wheel's next bucket starts at tick %d, not minutes before the deadlines near %d (the test's premise)", due, deadline)
 	}
 	if next := s.next.Load(); next > due {
 		t.Errorf("shard next is tick %d, after the cascade due at tick %d", next, due)
+	}
+}
+
+// TestManualCallbackArmedDueNowWaitsWithStaleShard (found by review): with a manual clock a
+// d <= 0 timer armed by a callback fires at the next Advance, not in the same one. A producer's
+// own drain on a shard idle since tick 0 used to note the start of a level-2 bucket (4096) in
+// next, below the tick of the round that ran the callback (4106): Advance took a round at 4096,
+// and then one at 4106 again, which ran the new timer.
+func TestManualCallbackArmedDueNowWaitsWithStaleShard(t *testing.T) {
+	clock := NewManualClock(time.Unix(0, 0))
+	w, err := New(WithClock(clock), WithShards(2), WithRingSize(8), WithWorkers(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	fired := false
+	armOn(t, w, 0, 4106*time.Millisecond, func(any) {
+		armOn(t, w, 1, 0, func(any) { fired = true }, nil)
+		for i := 0; i < 20; i++ { // fill shard 1's ring: its producer drains it
+			armOn(t, w, 1, 100*time.Millisecond, func(any) {}, nil)
+		}
+	}, nil)
+	clock.Advance(4106 * time.Millisecond)
+	if fired {
+		t.Errorf("a d=0 timer armed by a callback of this Advance fired in the same Advance")
+	}
+	clock.Advance(0)
+	if !fired {
+		t.Errorf("the d=0 timer did not fire at the next Advance")
 	}
 }

@@ -60,7 +60,10 @@ type shard struct {
 	slab slab
 	// next is a lower bound of the earliest deadline in the ring or the wheel (ticks), except
 	// for commands behind a slot claimed and not yet published when the consumer last drained:
-	// the publish of that slot kicks the shard (ring.stall), and the kick lowers next.
+	// the publish of that slot kicks the shard (ring.stall), and the kick lowers next. On the
+	// system clock it is also at or below the start of the wheel's next due bucket, where a
+	// cascade may be due before any deadline (an advance publishes that start; a producer that
+	// drains the ring itself notes it, in send).
 	next atomic.Int64
 	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 8]byte
 
@@ -139,13 +142,18 @@ func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 		// 50,000 times a second in a pair loop, and so kept two Ps landing on one shard.)
 		s.mu.Lock()
 		took := s.drainLocked()
-		next := s.tw.nextDue()
+		if s.w.manual == nil {
+			// What the drain linked above level 0 is cascaded at its bucket's start, earlier
+			// than any deadline a producer noted: tell the keeper, or it would cascade a flood
+			// only once the flood came due, and fire it that much later. On the system clock
+			// lowering next is always safe (at worst a visit finds nothing to do); noting it
+			// under mu lets a later advance's publish overwrite it rather than follow it.
+			// Not on a manual clock: Advance takes every bucket up to its time anyway, and a
+			// next below the tick of its last round would give a d <= 0 timer armed by one of
+			// its callbacks a round in the same Advance (clock.go).
+			s.noteDeadline(s.tw.nextDue())
+		}
 		s.mu.Unlock()
-		// What the drain linked above level 0 must be cascaded at its bucket's start, earlier
-		// than any deadline a producer noted: let the keeper know, or it would cascade a flood
-		// only when the flood comes due, and fire it that much later (lowering next is always
-		// safe: at worst the shard is visited with nothing to do).
-		s.noteDeadline(next)
 		if !took {
 			runtime.Gosched()
 		}
@@ -160,7 +168,8 @@ func (s *shard) kick() { s.noteDeadline(0) }
 
 // noteDeadline lowers s.next to when, then the group's next, and wakes the keeper if when is
 // earlier than the tick it sleeps until. Called by a producer after its command is published
-// (after send), and by kick.
+// (after send), by a producer that drained the ring itself (with the wheel's next due bucket,
+// in send), and by kick.
 //
 // Why no wake-up is lost (the keeper's side is Wheel.keep and collect, expiry.go):
 //  1. s.next before g.next: the keeper, when it recomputes a group, first stores never in
