@@ -104,32 +104,56 @@ func TestExpiryKeptShardNotStuckBehindCallbacks(t *testing.T) {
 	<-doneC
 }
 
-// TestExpiryCascadeDueBeforeDeadlines: timers a producer's own drain links above level 0 are
-// cascaded at their bucket's start, so on the system clock the shard's next has to say so. It
-// said only what the producers noted, their deadlines: the keeper then slept until a flood came
-// due and only then re-inserted it one level down, one entry at a time, before the first callback
-// could run (a million timers armed 1.5 s ahead started firing 10 to 18 ms late).
+// TestExpiryCascadeDueBeforeDeadlines: timers that a drain outside an advance links above level 0
+// are cascaded at their bucket's start, so on the system clock the shard's next has to say so.
+// It said only what the producers noted, their deadlines: the keeper then slept until a flood
+// came due and only then re-inserted it one level down, one entry at a time, before the first
+// callback could run (a million timers armed 1.5 s ahead started firing 10 to 18 ms late). Two
+// such drains: a producer's whose ring is full, and the trimmer's (found by review).
 func TestExpiryCascadeDueBeforeDeadlines(t *testing.T) {
-	w, err := New(WithShards(1), WithRingSize(8))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	s := w.shards[0]
-	// An hour out is above level 0 from any elapsed tick, in a bucket that starts minutes before
-	// it: nothing comes due while the test runs, so the keeper leaves the shard alone.
-	for i := 0; i < 100; i++ { // more than the ring holds: the producer drains it itself
-		armOn(t, w, 0, time.Hour, func(any) {}, nil)
-	}
-	s.mu.Lock()
-	due := s.tw.nextDue()
-	deadline := w.deadline(time.Hour)
-	s.mu.Unlock()
-	if due >= deadline-60_000 {
-		t.Fatalf("the wheel's next bucket starts at tick %d, not minutes before the deadlines near %d (the test's premise)", due, deadline)
-	}
-	if next := s.next.Load(); next > due {
-		t.Errorf("shard next is tick %d, after the cascade due at tick %d", next, due)
+	for _, tc := range []struct {
+		name  string
+		arms  int
+		drain func(s *shard)
+	}{
+		{"full ring", 100, func(*shard) {}}, // more than the ring holds: the producer drains it itself
+		{"trim", 5, func(s *shard) {
+			for i := 0; ; i++ { // a lock held a moment (the keeper's own trimmer): try again
+				if _, _, ok := s.trim(); ok {
+					return
+				}
+				if i == 1000 {
+					t.Fatal("trim found a lock held 1000 times")
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := New(WithShards(1), WithRingSize(8))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Stop()
+			s := w.shards[0]
+			// An hour out is above level 0 from any elapsed tick, in a bucket that starts
+			// minutes before it: nothing comes due while the test runs, so the keeper leaves
+			// the shard alone.
+			for i := 0; i < tc.arms; i++ {
+				armOn(t, w, 0, time.Hour, func(any) {}, nil)
+			}
+			tc.drain(s)
+			s.mu.Lock()
+			due := s.tw.nextDue()
+			deadline := w.deadline(time.Hour)
+			s.mu.Unlock()
+			if due >= deadline-60_000 {
+				t.Fatalf("the wheel's next bucket starts at tick %d, not minutes before the deadlines near %d (the test's premise)", due, deadline)
+			}
+			if next := s.next.Load(); next > due {
+				t.Errorf("shard next is tick %d, after the cascade due at tick %d", next, due)
+			}
+		})
 	}
 }
 

@@ -62,8 +62,8 @@ type shard struct {
 	// for commands behind a slot claimed and not yet published when the consumer last drained:
 	// the publish of that slot kicks the shard (ring.stall), and the kick lowers next. On the
 	// system clock it is also at or below the start of the wheel's next due bucket, where a
-	// cascade may be due before any deadline (an advance publishes that start; a producer that
-	// drains the ring itself notes it, in send).
+	// cascade may be due before any deadline (an advance publishes that start; any other drain
+	// notes it: drainNoteLocked).
 	next atomic.Int64
 	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 8]byte
 
@@ -141,18 +141,7 @@ func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 		// advances. (Counting it as contention moved every producer's token on each drain, about
 		// 50,000 times a second in a pair loop, and so kept two Ps landing on one shard.)
 		s.mu.Lock()
-		took := s.drainLocked()
-		if s.w.manual == nil {
-			// What the drain linked above level 0 is cascaded at its bucket's start, earlier
-			// than any deadline a producer noted: tell the keeper, or it would cascade a flood
-			// only once the flood came due, and fire it that much later. On the system clock
-			// lowering next is always safe (at worst a visit finds nothing to do); noting it
-			// under mu lets a later advance's publish overwrite it rather than follow it.
-			// Not on a manual clock: Advance takes every bucket up to its time anyway, and a
-			// next below the tick of its last round would give a d <= 0 timer armed by one of
-			// its callbacks a round in the same Advance (clock.go).
-			s.noteDeadline(s.tw.nextDue())
-		}
+		took := s.drainNoteLocked()
 		s.mu.Unlock()
 		if !took {
 			runtime.Gosched()
@@ -168,8 +157,8 @@ func (s *shard) kick() { s.noteDeadline(0) }
 
 // noteDeadline lowers s.next to when, then the group's next, and wakes the keeper if when is
 // earlier than the tick it sleeps until. Called by a producer after its command is published
-// (after send), by a producer that drained the ring itself (with the wheel's next due bucket,
-// in send), and by kick.
+// (after send), by a drain outside an advance (with the wheel's next due bucket,
+// drainNoteLocked), and by kick.
 //
 // Why no wake-up is lost (the keeper's side is Wheel.keep and collect, expiry.go):
 //  1. s.next before g.next: the keeper, when it recomputes a group, first stores never in
@@ -228,6 +217,23 @@ func (s *shard) drainLocked() bool {
 		took = true
 		s.applyLocked(i, cmd)
 	}
+}
+
+// drainNoteLocked is drainLocked for a drain outside an advance (a producer whose ring is full,
+// the trimmer), which publishes no next of its own. What it linked above level 0 is cascaded at
+// its bucket's start, earlier than any deadline its producers noted: on the system clock it
+// tells the keeper so, or the keeper would cascade a flood only once the flood came due, and
+// fire it that much later. Lowering next is always safe there (at worst a visit finds nothing
+// to do), and noting it under mu lets a later advance's publish overwrite it rather than follow
+// it. Not on a manual clock: Advance takes every bucket up to its time anyway, and a next below
+// the tick of its last round would give a d <= 0 timer armed by one of its callbacks a round in
+// the same Advance (clock.go). The caller holds s.mu.
+func (s *shard) drainNoteLocked() bool {
+	took := s.drainLocked()
+	if took && s.w.manual == nil {
+		s.noteDeadline(s.tw.nextDue())
+	}
+	return took
 }
 
 // applyLocked carries out one command. The caller holds s.mu.

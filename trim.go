@@ -125,7 +125,7 @@ func (s *shard) trim() (freed int64, tag uint32, ok bool) {
 	if !s.mu.TryLock() {
 		return 0, 0, false
 	}
-	s.drainLocked()
+	s.drainNoteLocked()
 	s.mu.Unlock()
 	return s.slab.trim()
 }
