@@ -138,7 +138,7 @@ func nextStep(due, end, interval int64) int64 {
 // tickStart returns the instant, in nanoseconds, at which tick t begins, saturating at the end
 // of time.
 func (w *Wheel) tickStart(t int64) int64 {
-	if t > math.MaxInt64/w.tick {
+	if t > w.lastStart {
 		return math.MaxInt64
 	}
 	return t * w.tick

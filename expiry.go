@@ -1,7 +1,6 @@
 package shardwheel
 
 import (
-	"math"
 	"time"
 
 	"go.uber.org/atomic"
@@ -19,10 +18,10 @@ import (
 // step fired itself, on the core whose cache holds those entries, and offering shares of it only
 // to workers that are idle (Wheel.idle). While the callbacks run, the claim says so
 // (claimRunning), so the next keeper can take the shard over and advance its next step itself.
-// So a deadline is one goroutine
-// wake-up from its callback, no goroutine or channel sits on the path of every expired timer, and
-// a flood spreads over every worker (the runtime runs a P's timers on that P; Tokio a worker's
-// wheel on that worker; here any idle worker takes the next step or a share).
+// So a deadline is one goroutine wake-up from its callback, no goroutine or channel sits on the
+// path of every expired timer, and a flood spreads over every worker (the runtime runs a P's
+// timers on that P; Tokio a worker's wheel on that worker; here any idle worker takes the next
+// step or a share).
 //
 // A wake looks at groups, not shards: each group summarises up to groupSize shards with a lower
 // bound of their next deadlines (group.next), kept by producers and advancers with a CAS-min
@@ -167,7 +166,7 @@ func (w *Wheel) keep(wk *worker) {
 			continue
 		}
 		var fire <-chan time.Time
-		if next <= math.MaxInt64/w.tick { // else nothing is due before the end of time
+		if next <= w.lastStart { // else nothing is due before the end of time
 			d := time.Duration(next*w.tick - cur)
 			if wk.timer == nil {
 				wk.timer = time.NewTimer(d)

@@ -84,20 +84,13 @@ func BenchmarkKeyedMove(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			var next atomic.Int64
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				i := int(next.Add(1)) * 7919
-				for pb.Next() {
-					if op == "keyed-set" {
-						if err := k.Set(i%keys, i, time.Hour); err != nil {
-							b.Error(err)
-						}
-					} else if !k.Move(i%keys, time.Hour) {
-						b.Error("Move of an armed key reported false")
+			rearmKeys(b, keys, func(key, i int) {
+				if op == "keyed-set" {
+					if err := k.Set(key, i, time.Hour); err != nil {
+						b.Error(err)
 					}
-					i++
+				} else if !k.Move(key, time.Hour) {
+					b.Error("Move of an armed key reported false")
 				}
 			})
 		})
@@ -108,18 +101,23 @@ func BenchmarkKeyedMove(b *testing.B) {
 			m.Store(i, time.AfterFunc(time.Hour, func() {}))
 		}
 		defer m.Range(func(_ int, t *time.Timer) bool { t.Stop(); return true })
-		var next atomic.Int64
-		b.ReportAllocs()
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			i := int(next.Add(1)) * 7919
-			for pb.Next() {
-				t, ok := m.Load(i % keys)
-				if !ok || !t.Reset(time.Hour) {
-					b.Error("Reset of an armed timer reported false")
-				}
-				i++
+		rearmKeys(b, keys, func(key, _ int) {
+			if t, ok := m.Load(key); !ok || !t.Reset(time.Hour) {
+				b.Error("Reset of an armed timer reported false")
 			}
 		})
+	})
+}
+
+// rearmKeys runs the timed loop of BenchmarkKeyedMove: rearm(key, i) for i counting up from a
+// start spread over the goroutines (so that they re-arm different keys), key = i mod keys.
+func rearmKeys(b *testing.B, keys int, rearm func(key, i int)) {
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for i := int(next.Add(1)) * 7919; pb.Next(); i++ {
+			rearm(i%keys, i)
+		}
 	})
 }

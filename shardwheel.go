@@ -52,9 +52,12 @@ var (
 type Wheel struct {
 	opts     options
 	tick     int64 // nanoseconds per tick
-	lastTick int64 // the tick of the end of time (math.MaxInt64 ns)
-	shards   []*shard
-	pool     pool
+	lastTick int64 // the tick of the end of time (math.MaxInt64 ns): tickAt(math.MaxInt64)
+	// lastStart is the last tick whose start is below the end of time, math.MaxInt64/tick: kept
+	// so that tickStart, on every callback's lateness, compares instead of dividing.
+	lastStart int64
+	shards    []*shard
+	pool      pool
 
 	base       time.Time    // origin of the system clock's monotonic readings
 	manual     *ManualClock // nil for the system clock
@@ -138,14 +141,15 @@ func New(opts ...Option) (*Wheel, error) {
 		}
 	}
 	w := &Wheel{
-		opts:     o,
-		tick:     int64(o.tick),
-		lastTick: (math.MaxInt64-1)/int64(o.tick) + 1,
-		closing:  make(chan struct{}),
-		stopped:  make(chan struct{}),
-		rejected: xsync.NewCounter(),
-		panics:   xsync.NewCounter(),
-		dropped:  xsync.NewCounter(),
+		opts:      o,
+		tick:      int64(o.tick),
+		lastTick:  (math.MaxInt64-1)/int64(o.tick) + 1,
+		lastStart: math.MaxInt64 / int64(o.tick),
+		closing:   make(chan struct{}),
+		stopped:   make(chan struct{}),
+		rejected:  xsync.NewCounter(),
+		panics:    xsync.NewCounter(),
+		dropped:   xsync.NewCounter(),
 	}
 	if m, ok := o.clock.(*ManualClock); ok {
 		w.manual = m

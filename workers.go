@@ -131,9 +131,9 @@ func (w *Wheel) dispatch(batch []ref, onWorker bool) {
 		return
 	}
 	// Block waits for room, unless this advance runs on a worker (onWorker: Advance from a
-	// callback, which may be the only one there to make room), and until Stop begins (the Stop may run in a
-	// worker's callback and wait for advMu, which this advance holds). Otherwise, and with
-	// CallerRuns, a chunk the queue has no room for runs here.
+	// callback, which may be the only one there to make room), and until Stop begins (the Stop
+	// may run in a worker's callback and wait for advMu, which this advance holds). Otherwise,
+	// and with CallerRuns, a chunk the queue has no room for runs here.
 	wait := w.opts.policy == Block && !onWorker
 	per := max(1, min(w.pool.chunkCap, len(batch)/len(w.pool.done)))
 	for i := 0; i < len(batch); i += per {
