@@ -9,15 +9,20 @@ import (
 // The expiry side on the system clock: who sleeps, who advances, who runs callbacks.
 //
 // A Wheel has a fixed set of workers (WithWorkers of them, one with WithWorkers(0)) and no other
-// goroutine. At any moment at most one worker is the keeper (Wheel.keeper): it sleeps until the
-// earliest deadline of any group of shards, or until a producer signals an earlier one. When
-// something is due, it claims the due shards (shard.claim), gives up the role so that an idle
-// worker keeps time while it works (release: the next keeper is nudged awake), and becomes the
-// advancer of those shards: it offers all but the first to idle workers through the queue, and
-// advances its own in bounded steps (stepBudget entries per hold of shard.mu), running what each
-// step fired itself, on the core whose cache holds those entries, and offering shares of it only
-// to workers that are idle (Wheel.idle). While the callbacks run, the claim says so
-// (claimRunning), so the next keeper can take the shard over and advance its next step itself.
+// goroutine, but for the moment a watchdog below goes off (time.AfterFunc runs it on a goroutine
+// that exits at once). At any moment at most one worker is the keeper (Wheel.keeper): it sleeps
+// until the earliest deadline of any group of shards, or until a producer signals an earlier
+// one. When something is due, it claims the due shards (shard.claim), gives up the role so that
+// an idle worker can keep time while it works, and becomes the advancer of those shards. With
+// several shards due the next keeper is nudged awake at once (release); with one, only if the
+// advance still goes on at the next tick or a step leaves more to do (releaseLater arms a
+// watchdog), since it is usually over within microseconds and the worker then takes the role
+// back itself: a wake costs one goroutine wake-up, not two. The advancer offers all but the
+// first shard to idle workers through the queue, and advances its own in bounded steps
+// (stepBudget entries per hold of shard.mu), running what each step fired itself, on the core
+// whose cache holds those entries, and offering shares of it only to workers that are idle
+// (Wheel.idle). While the callbacks run, the claim says so (claimRunning), so the next keeper
+// can take the shard over and advance its next step itself.
 // So a deadline is one goroutine wake-up from its callback, no goroutine or channel sits on the
 // path of every expired timer, and a flood spreads over every worker (the runtime runs a P's
 // timers on that P; Tokio a worker's wheel on that worker; here any idle worker takes the next
@@ -65,10 +70,17 @@ func newGroups(shards []*shard) []group {
 }
 
 // signal wakes the keeper if it sleeps. Any goroutine may call it.
+//
+// While the role is free after releaseLater, target holds the watchdog's tick, so a producer
+// whose deadline is earlier signals; nobody sleeps on wake then, so the signal nudges an idle
+// worker to take the role (and the next keeper finds the token in wake: one more look).
 func (w *Wheel) signal() {
 	select {
 	case w.wake <- struct{}{}:
 	default:
+	}
+	if !w.keeper.Load() {
+		w.nudgeIdle()
 	}
 }
 
@@ -129,12 +141,14 @@ func (w *Wheel) runTask(wk *worker, c *chunk) {
 }
 
 // keep is the keeper's loop; the caller holds the role (w.keeper). It returns having let go of
-// the role: after it advanced what came due (it gives up the role first, so time is kept while
-// it works), after it took work from the queue, or once Stop has closed quit.
+// the role: after it advanced what came due, if another worker took the role meanwhile (it gives
+// up the role before it advances, so time is kept while it works), after it took work from the
+// queue, or once Stop has closed quit.
 //
 // The sleep (numbered for noteDeadline's argument, shard.go):
 //  1. target is awake: producers do not signal.
-//  2. collect claims what is due now; if anything is, release and advance it.
+//  2. collect claims what is due now; if anything is, release (or releaseLater) and advance it,
+//     then take the role back (CAS) and go round, unless another worker holds it.
 //  3. store target = the earliest group.next, then read every group.next once more: a producer
 //     that lowered one before step 3's store is seen by that read; one after it reads the
 //     target and signals. If anything is earlier than the target, or due already, go round.
@@ -151,9 +165,21 @@ func (w *Wheel) keep(wk *worker) {
 		now := w.tickAt(ns)
 		var next int64
 		if wk.due, next = w.collect(now, wk.due[:0]); len(wk.due) > 0 {
-			w.release()
+			if len(wk.due) > 1 {
+				w.release()
+			} else {
+				w.releaseLater(wk, now, next)
+			}
 			w.advanceDue(wk, now)
 			clear(wk.due)
+			// Take the role back unless someone took it meanwhile; stop the watchdog only
+			// then, so that there is no moment with the role free and nobody to be nudged.
+			// After Stop, back to work's loop, which sees quit.
+			if !w.closed.Load() && w.keeper.CompareAndSwap(false, true) {
+				w.unwatch(wk)
+				continue
+			}
+			w.unwatch(wk)
 			return
 		}
 		next = min(next, trimAt)
@@ -208,6 +234,72 @@ func (w *Wheel) stopTimer(wk *worker) {
 // release, and so try for the role after it.
 func (w *Wheel) release() {
 	w.keeper.Store(false)
+	w.nudgeIdle()
+}
+
+// releaseLater lets go of the keeper role like release, but nudges nobody yet: it arms the
+// watchdog to nudge an idle worker at the keeper's next target or at the next tick, whichever
+// is sooner, if the role is still free then. The keeper calls it when one shard is due: its
+// advance is usually done well within a tick, and the worker then takes the role back itself
+// (work), so a wake costs one goroutine wake-up, not two. If the advance or its callbacks run
+// longer, the watchdog hands time over as release would have. A deadline earlier than the
+// watchdog that a producer notes meanwhile (AfterFunc(0), say) does not wait for it: target holds
+// the watchdog's tick, so the producer signals, and signal nudges while the role is free. A step
+// that leaves more to do hands the role over at once (hurry).
+func (w *Wheel) releaseLater(wk *worker, now, next int64) {
+	// Before the role is free: a producer that reads this target and finds its deadline
+	// earlier signals, and signal nudges (the watchdog would come too late for it).
+	at := min(next, now+1)
+	w.target.Store(at)
+	w.keeper.Store(false)
+	// A producer that read this target but still saw the role held sent its token before it
+	// looked, so before this store: take it and nudge on its behalf.
+	d := time.Duration(at*w.tick - w.nanos())
+	select {
+	case <-w.wake:
+		d = 0
+	default:
+	}
+	if d <= 0 {
+		w.nudgeIdle()
+		return
+	}
+	if wk.watch == nil {
+		wk.watch = time.AfterFunc(d, w.watchdog)
+	} else {
+		wk.watch.Reset(d)
+	}
+	wk.watching = true
+}
+
+// hurry nudges an idle worker now if this worker let go of the role with releaseLater and has
+// not nudged yet: an advance step left more to do, so the advance may well outlast a tick.
+func (w *Wheel) hurry(wk *worker) {
+	if wk.watching {
+		w.unwatch(wk)
+		w.nudgeIdle()
+	}
+}
+
+// unwatch stops the watchdog that this worker armed, if it did (its advance is over, or it
+// nudged); one that went off already has nudged, or found the role taken.
+func (w *Wheel) unwatch(wk *worker) {
+	if wk.watching {
+		wk.watching = false
+		wk.watch.Stop()
+	}
+}
+
+// watchdog runs when a worker's watch goes off, on a goroutine of the runtime's (it exits at
+// once): the role is still free when the time it was armed for came, so someone must keep time.
+func (w *Wheel) watchdog() {
+	if !w.keeper.Load() {
+		w.nudgeIdle()
+	}
+}
+
+// nudgeIdle wakes an idle worker to try for the keeper role. The channel holds one token.
+func (w *Wheel) nudgeIdle() {
 	select {
 	case w.nudge <- struct{}{}:
 	default:
@@ -328,6 +420,9 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 			s.mu.Unlock()
 		}
 		goOn := !done && more
+		if goOn {
+			w.hurry(wk)
+		}
 		if goOn && len(wk.batch) == 0 {
 			// A step that only cascaded: nothing runs, so the claim stays advancing and is
 			// not published (which would wake the keeper to take over a shard nobody waits

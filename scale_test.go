@@ -67,7 +67,7 @@ func TestScaleFlood(t *testing.T) {
 	require.Equal(t, uint64(n), st.Fired)
 	require.Equal(t, st.Scheduled, st.Fired)
 	limit := baseline + 1 + workers
-	require.LessOrEqual(t, peakG, limit, "peak goroutines %d, baseline %d + clock + %d workers", peakG, baseline, workers)
+	require.LessOrEqual(t, peakG, limit, "peak goroutines %d, baseline %d + watchdog + %d workers", peakG, baseline, workers)
 	t.Logf("wheel:          %d timers, armed in %v, all fired after %v; peak goroutines %d (limit %d), peak heap %.1f MiB",
 		n, armed, wheelTime, peakG, limit, float64(peakHeap)/(1<<20))
 

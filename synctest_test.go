@@ -100,3 +100,31 @@ func TestSynctestKeyed(t *testing.T) {
 		require.Equal(t, 0, k.Len())
 	})
 }
+
+// TestSynctestDueNowWhileCallbackBlocks: while a callback blocks the worker that was keeping time
+// (it let go of the role without waking another worker, expecting to be done within the tick), a
+// timer armed with d = 0 runs at once on the other worker, before fake time moves: the producer
+// signals and the signal wakes an idle worker to keep time. (A review's repro: before the fix the
+// timer waited for the watchdog, a tick later.)
+func TestSynctestDueNowWhileCallbackBlocks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w, err := sw.New(sw.WithWorkers(2))
+		require.NoError(t, err)
+		defer w.Stop()
+		release, entered := make(chan struct{}), make(chan struct{})
+		_, err = w.AfterFunc(time.Second, func() { close(entered); <-release })
+		require.NoError(t, err)
+		time.Sleep(time.Second)
+		<-entered
+		synctest.Wait()
+		start := time.Now()
+		var fired atomic.Int32
+		_, err = w.AfterFunc(0, func() { fired.Add(1) })
+		require.NoError(t, err)
+		synctest.Wait()
+		got := fired.Load()
+		close(release)
+		require.EqualValues(t, 1, got, "the d = 0 timer waited while a callback blocked a worker")
+		require.Zero(t, time.Since(start), "fake time moved before it ran")
+	})
+}
