@@ -110,7 +110,9 @@ func (w *Wheel) work(i int) {
 				return
 			}
 		}
-		if w.manual == nil && w.keeper.CompareAndSwap(false, true) {
+		// Once Stop has begun nothing is advanced (advanceShard), so nobody keeps time: a
+		// keeper would find the same shards due and go round until quit is closed.
+		if w.manual == nil && !w.closed.Load() && w.keeper.CompareAndSwap(false, true) {
 			w.keep(wk)
 			continue
 		}

@@ -310,10 +310,12 @@ func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry
 	return taken
 }
 
-// forEach calls fn for every linked entry. Used by Wheel.Stop and tests.
+// forEach calls fn for every linked entry. Used by Wheel.Stop and tests. It visits only the
+// buckets whose occupied bit is set (a shard's wheel has hundreds of buckets, mostly empty).
 func (w *wheel) forEach(fn func(e *entry)) {
 	for lv := range w.buckets {
-		for sl := range w.buckets[lv] {
+		for occ := w.occupied[lv]; occ != 0; occ &= occ - 1 {
+			sl := bits.TrailingZeros64(occ)
 			for _, h := range w.buckets[lv][sl].lanes {
 				for i := h; i != 0; {
 					e := w.slab.at(i)
