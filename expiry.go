@@ -176,12 +176,17 @@ func (w *Wheel) keep(wk *worker) {
 			clear(wk.due)
 			// Take the role back unless someone took it meanwhile; stop the watchdog only
 			// then, so that there is no moment with the role free and nobody to be nudged.
-			// After Stop, back to work's loop, which sees quit.
-			if !w.closed.Load() && w.keeper.CompareAndSwap(false, true) {
+			// With work queued, or after Stop, back to work's loop, which takes the queue
+			// first (as it did before it was keeper) and sees quit: hand the role over first.
+			if !w.closed.Load() && len(w.pool.queue) == 0 {
+				if w.keeper.CompareAndSwap(false, true) {
+					w.unwatch(wk)
+					continue
+				}
 				w.unwatch(wk)
-				continue
+				return
 			}
-			w.unwatch(wk)
+			w.hurry(wk)
 			return
 		}
 		next = min(next, trimAt)
@@ -275,7 +280,9 @@ func (w *Wheel) releaseLater(wk *worker, now, next int64) {
 }
 
 // hurry nudges an idle worker now if this worker let go of the role with releaseLater and has
-// not nudged yet: an advance step left more to do, so the advance may well outlast a tick.
+// not nudged yet: an advance step left more to do, or fired more than minShare callbacks, so the
+// advance may well outlast a tick (and the nudged worker can take the next tick's work on another
+// core meanwhile).
 func (w *Wheel) hurry(wk *worker) {
 	if wk.watching {
 		w.unwatch(wk)
@@ -422,8 +429,8 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 			s.mu.Unlock()
 		}
 		goOn := !done && more
-		if goOn {
-			w.hurry(wk)
+		if goOn || len(wk.batch) > minShare {
+			w.hurry(wk) // more than a few callbacks: let an idle worker keep time meanwhile
 		}
 		if goOn && len(wk.batch) == 0 {
 			// A step that only cascaded: nothing runs, so the claim stays advancing and is
