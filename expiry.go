@@ -15,7 +15,8 @@ import (
 // one. When something is due, it claims the due shards (shard.claim), gives up the role so that
 // an idle worker can keep time while it works, and becomes the advancer of those shards. With
 // several shards due the next keeper is nudged awake at once (release); with one, only if the
-// advance still goes on at the next tick or a step leaves more to do (releaseLater arms a
+// advance still goes on at the next tick, a step leaves more to do or fires more than minShare
+// callbacks, work is queued, or a producer arms an earlier deadline (releaseLater arms a
 // watchdog), since it is usually over within microseconds and the worker then takes the role
 // back itself: a wake costs one goroutine wake-up, not two. The advancer offers all but the
 // first shard to idle workers through the queue, and advances its own in bounded steps
@@ -36,6 +37,10 @@ import (
 //
 // With a manual clock there is no keeper: ManualClock.Advance advances every shard on its
 // caller's goroutine (clock.go) and the workers only run the chunks it dispatches.
+
+// testHookReleased and testHookSleep, set only by tests, run in releaseLater right after the
+// role is let go, and in keep right before the keeper's select: a goroutine paused there.
+var testHookReleased, testHookSleep func(*Wheel)
 
 // groupSize is the most shards one group summarises.
 const groupSize = 64
@@ -208,6 +213,9 @@ func (w *Wheel) keep(wk *worker) {
 			}
 			fire = wk.timer.C
 		}
+		if testHookSleep != nil {
+			testHookSleep(w) // tests only: a keeper paused before its select
+		}
 		var c *chunk
 		select {
 		case <-fire:
@@ -259,12 +267,18 @@ func (w *Wheel) releaseLater(wk *worker, now, next int64) {
 	at := min(next, now+1)
 	w.target.Store(at)
 	w.keeper.Store(false)
+	if testHookReleased != nil {
+		testHookReleased(w) // tests only: paused with the role free, before the look at wake
+	}
 	// A producer that read this target but still saw the role held sent its token before it
-	// looked, so before this store: take it and nudge on its behalf.
+	// looked, so before this store: if there is a token, nudge on its behalf. Put it back: it
+	// may be another keeper's, one that took the role after the store above and has yet to
+	// reach its select (a token taken from it would leave it asleep until its own target).
 	d := time.Duration(at*w.tick - w.nanos())
 	select {
 	case <-w.wake:
 		d = 0
+		w.signal()
 	default:
 	}
 	if d <= 0 {
@@ -429,10 +443,8 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 			s.mu.Unlock()
 		}
 		goOn := !done && more
-		if goOn || len(wk.batch) > minShare {
-			w.hurry(wk) // more than a few callbacks: let an idle worker keep time meanwhile
-		}
 		if goOn && len(wk.batch) == 0 {
+			w.hurry(wk)
 			// A step that only cascaded: nothing runs, so the claim stays advancing and is
 			// not published (which would wake the keeper to take over a shard nobody waits
 			// for); the same test as below decides whether to go on.
@@ -444,6 +456,11 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 			continue
 		}
 		rest := w.offerFired(wk, wk.batch)
+		// After the offer, which counts idle workers: one nudged before it would still count
+		// as idle and be handed a share instead of keeping time.
+		if goOn || len(wk.batch) > minShare {
+			w.hurry(wk) // more than a few callbacks: let an idle worker keep time meanwhile
+		}
 		if goOn {
 			s.claim.Store(claimRunning)
 		} else {

@@ -5,7 +5,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // armOn is schedule on shard k (internal tests): the tests choose the shard instead of the P's token.
@@ -184,4 +187,50 @@ func TestManualCallbackArmedDueNowWaitsWithStaleShard(t *testing.T) {
 	if !fired {
 		t.Errorf("the d=0 timer did not fire at the next Advance")
 	}
+}
+
+// TestExpiryReleaseLaterLeavesWakeToTheKeeper (a review's repro): W1 lets go of the role with
+// releaseLater and pauses before it looks at wake; W2 takes the role and pauses before its
+// select; a producer arms a deadline earlier than W2's target, and its signal lands in wake's
+// buffer without a nudge (the role is held). W1 then finds that token: it must leave it for W2,
+// which would otherwise sleep until its own target (here seconds) and fire the timer late.
+func TestExpiryReleaseLaterLeavesWakeToTheKeeper(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		released, goOn1 := make(chan struct{}), make(chan struct{})
+		sleeping, goOn2 := make(chan struct{}), make(chan struct{})
+		var phase atomic.Int32
+		testHookReleased = func(w *Wheel) {
+			if phase.CompareAndSwap(1, 2) {
+				w.nudgeIdle() // a stale token: W2 wakes and takes the free role
+				released <- struct{}{}
+				<-goOn1
+			}
+		}
+		testHookSleep = func(w *Wheel) {
+			if phase.CompareAndSwap(2, 3) {
+				sleeping <- struct{}{}
+				<-goOn2
+			}
+		}
+		defer func() { testHookReleased, testHookSleep = nil, nil }()
+		w, err := New(WithWorkers(2), WithShards(2))
+		require.NoError(t, err)
+		defer w.Stop()
+		armOn(t, w, 0, time.Second, func(any) {}, nil)
+		armOn(t, w, 1, 10*time.Second, func(any) {}, nil)
+		synctest.Wait()
+		phase.Store(1)
+		<-released
+		<-sleeping
+		start := time.Now()
+		var firedAt atomic.Int64
+		armOn(t, w, 1, 5*time.Millisecond, func(any) { firedAt.Store(int64(time.Since(start))) }, nil)
+		close(goOn1)
+		synctest.Wait()
+		close(goOn2)
+		time.Sleep(3 * time.Second)
+		got := time.Duration(firedAt.Load())
+		require.NotZero(t, got, "the 5ms timer never fired")
+		require.LessOrEqual(t, got, 10*time.Millisecond, "the 5ms timer fired after %v", got)
+	})
 }
