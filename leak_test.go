@@ -153,8 +153,10 @@ func leakSetUp(t *testing.T, manual bool, clock *sw.ManualClock) map[string]func
 func TestLeakSlabReusedAcrossBursts(t *testing.T) {
 	clock := sw.NewManualClock(time.Unix(0, 0))
 	// WithWorkers(0): callbacks run inside Advance, so every entry is back in its slab when
-	// Advance returns.
-	w, err := sw.New(sw.WithClock(clock), sw.WithShards(2), sw.WithWorkers(0))
+	// Advance returns. One shard: with two, a burst splits between them as the test goroutine
+	// moves between Ps, differently each round, and each shard's slab grows by whole chunks, so
+	// the sum of their capacities moved with the split (this failed about one run in four).
+	w, err := sw.New(sw.WithClock(clock), sw.WithShards(1), sw.WithWorkers(0))
 	require.NoError(t, err)
 	defer w.Stop()
 	const burst = 5000
