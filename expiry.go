@@ -253,34 +253,35 @@ func (w *Wheel) release() {
 }
 
 // releaseLater lets go of the keeper role like release, but nudges nobody yet: it arms the
-// watchdog to nudge an idle worker at the keeper's next target or at the next tick, whichever
-// is sooner, if the role is still free then. The keeper calls it when one shard is due: its
-// advance is usually done well within a tick, and the worker then takes the role back itself
-// (work), so a wake costs one goroutine wake-up, not two. If the advance or its callbacks run
-// longer, the watchdog hands time over as release would have. A deadline earlier than the
-// watchdog that a producer notes meanwhile (AfterFunc(0), say) does not wait for it: target holds
-// the watchdog's tick, so the producer signals, and signal nudges while the role is free. A step
-// that leaves more to do hands the role over at once (hurry).
+// worker's watchdog to nudge an idle worker at the keeper's next target or at the next tick,
+// whichever is sooner, if the role is still free then. The keeper calls it when one shard is due:
+// its advance is usually over well within a tick, and keep then takes the role back, so a wake
+// costs one goroutine wake-up, not two. If the advance or its callbacks run longer, the watchdog
+// hands time over as release would have. A deadline earlier than the watchdog that a producer
+// notes meanwhile (AfterFunc(0), say) does not wait for it: target holds the watchdog's tick, so
+// the producer signals, and signal nudges while the role is free. A step that leaves more to do,
+// or fires more than a few callbacks, hands the role over at once (hurry).
 func (w *Wheel) releaseLater(wk *worker, now, next int64) {
-	// Before the role is free: a producer that reads this target and finds its deadline
-	// earlier signals, and signal nudges (the watchdog would come too late for it).
+	// 1. target before the role is free: a producer that reads it and finds its deadline
+	//    earlier signals, and signal nudges (the watchdog would come too late for it).
 	at := min(next, now+1)
 	w.target.Store(at)
 	w.keeper.Store(false)
 	if testHookReleased != nil {
 		testHookReleased(w) // tests only: paused with the role free, before the look at wake
 	}
-	// A producer that read this target but still saw the role held sent its token before it
-	// looked, so before this store: if there is a token, nudge on its behalf. Put it back: it
-	// may be another keeper's, one that took the role after the store above and has yet to
-	// reach its select (a token taken from it would leave it asleep until its own target).
-	d := time.Duration(at*w.tick - w.nanos())
+	// 2. A producer that read this target but still saw the role held sent its token before
+	//    it looked, so before the store above, and did not nudge: if there is a token, put it
+	//    back and nudge (signal does both). Not take it: it may be another keeper's, one that
+	//    took the role after the store above and has yet to reach its select.
 	select {
 	case <-w.wake:
-		d = 0
 		w.signal()
+		return
 	default:
 	}
+	// 3. Otherwise the watchdog, or a nudge now if the moment has come already.
+	d := time.Duration(at*w.tick - w.nanos())
 	if d <= 0 {
 		w.nudgeIdle()
 		return
@@ -290,27 +291,22 @@ func (w *Wheel) releaseLater(wk *worker, now, next int64) {
 	} else {
 		wk.watch.Reset(d)
 	}
-	wk.watching = true
 }
 
-// hurry nudges an idle worker now if this worker let go of the role with releaseLater and has
-// not nudged yet: an advance step left more to do, or fired more than minShare callbacks, so the
-// advance may well outlast a tick (and the nudged worker can take the next tick's work on another
-// core meanwhile).
+// hurry nudges an idle worker now if this worker's watchdog is still armed (releaseLater, and
+// neither gone off nor stopped yet): an advance step left more to do, or fired more than
+// minShare callbacks, so the advance may well outlast a tick (and the nudged worker can take the
+// next tick's work on another core meanwhile). A watchdog that went off has nudged already.
 func (w *Wheel) hurry(wk *worker) {
-	if wk.watching {
-		w.unwatch(wk)
+	if w.unwatch(wk) {
 		w.nudgeIdle()
 	}
 }
 
-// unwatch stops the watchdog that this worker armed, if it did (its advance is over, or it
-// nudged); one that went off already has nudged, or found the role taken.
-func (w *Wheel) unwatch(wk *worker) {
-	if wk.watching {
-		wk.watching = false
-		wk.watch.Stop()
-	}
+// unwatch stops this worker's watchdog and reports whether it was still armed: the advance is
+// over (or hurry nudges instead). One that went off already has nudged, or found the role taken.
+func (w *Wheel) unwatch(wk *worker) bool {
+	return wk.watch != nil && wk.watch.Stop()
 }
 
 // watchdog runs when a worker's watch goes off, on a goroutine of the runtime's (it exits at

@@ -15,8 +15,8 @@ import (
 
 // TestScaleFlood fires 100k timers (1M with SHARDWHEEL_SCALE=1M and without -short) through the
 // worker pool, with callbacks that spin briefly, and requires that the live goroutines never
-// exceed the test's baseline plus the clock goroutine plus the workers: a flood runs on the pool,
-// never on a goroutine per timer. Every timer fires once and none early. The same flood on
+// exceed the test's baseline plus one watchdog goroutine (expiry.go) plus the workers: a flood
+// runs on the pool, never on a goroutine per timer. Every timer fires once and none early. The same flood on
 // time.AfterFunc (a goroutine per expiry) is run beside it; the time, peak goroutines and peak
 // heap of both are logged, not asserted.
 func TestScaleFlood(t *testing.T) {

@@ -87,11 +87,17 @@ type Wheel struct {
 	stopDeferred bool
 
 	// The system clock's expiry side (expiry.go).
-	groups []group       // immutable slice; see group
-	keeper atomic.Bool   // held by the worker that keeps time (expiry.go)
-	target atomic.Int64  // tick the keeper sleeps until; awake while no keeper sleeps
+	groups []group     // immutable slice; see group
+	keeper atomic.Bool // held by the worker that keeps time (expiry.go)
+	// target is the tick the keeper sleeps until, read by producers to decide whether to
+	// signal: awake while a keeper is awake or the role is free after release; the watchdog's
+	// tick while the role is free after releaseLater (expiry.go). Stored only by the worker
+	// that holds the role or is letting go of it.
+	target atomic.Int64
 	wake   chan struct{} // producers signal the keeper: an earlier deadline (cap 1)
-	nudge  chan struct{} // release signals idle workers: the keeper role is free (cap 1)
+	// nudge wakes an idle worker to try for the free role (cap 1): sent by release, the watchdog,
+	// hurry, and signal while the role is free.
+	nudge chan struct{}
 	// idle counts the followers blocked waiting for queued work or the keeper role (work,
 	// expiry.go). It is an estimate, read to decide whether to offer work: a follower counts
 	// itself just before its select and uncounts just after, so a share offered to one paused

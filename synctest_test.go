@@ -111,9 +111,7 @@ func TestSynctestDueNowWhileCallbackBlocks(t *testing.T) {
 		w, err := sw.New(sw.WithWorkers(2))
 		require.NoError(t, err)
 		defer w.Stop()
-		release, entered := make(chan struct{}), make(chan struct{})
-		_, err = w.AfterFunc(time.Second, func() { close(entered); <-release })
-		require.NoError(t, err)
+		entered, release := armStuck(t, w, time.Second, nil)
 		time.Sleep(time.Second)
 		<-entered
 		synctest.Wait()

@@ -42,13 +42,12 @@ type worker struct {
 	due   []*shard    // the shards the keeper claimed; owned by the worker
 	batch []ref       // what the current advance step fired; owned by the worker
 	timer *time.Timer // the keeper's sleep, made on first use; owned by the worker
-	// watch is the watchdog releaseLater arms (expiry.go), made on first use; watching: it is
-	// armed and has not been stopped. Both owned by the worker: each worker stops only its own
-	// watchdog, so one that went off and handed the role over is never confused with the next
-	// keeper's.
-	watch    *time.Timer
-	watching bool
-	_        [cacheLineSize]byte
+	// watch is the watchdog releaseLater arms (expiry.go), made on first use; whether it is
+	// armed is what its Stop reports (unwatch). Owned by the worker: each worker arms and stops
+	// only its own, so one that went off and handed the role over is never confused with the
+	// next keeper's.
+	watch *time.Timer
+	_     [cacheLineSize]byte
 }
 
 // paddedCounter is an atomic counter alone on its cache line.
