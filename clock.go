@@ -10,7 +10,7 @@ import (
 	"go.uber.org/atomic"
 )
 
-// never is the tick of "no deadline": an empty shard's next, an idle keeper's target.
+// never is the instant of "no deadline": an empty shard's next, an idle keeper's target.
 // It doubles as the end of time (the clock saturates there), so a timer at the end of time fires
 // when a manual clock is advanced that far.
 const never = math.MaxInt64
@@ -56,8 +56,9 @@ func (c *ManualClock) Now() time.Time { return c.start.Add(time.Duration(c.elaps
 func (c *ManualClock) isClock() {}
 
 // Advance moves the clock forward by d and, before it returns, dispatches every timer of every
-// wheel on this clock whose deadline is at or before the new time, in order of deadline (rounded
-// to the tick; ties in any order). With WithWorkers(0) those callbacks have also run, on this
+// wheel on this clock whose deadline is at or before the new time, in order of deadline (ties in
+// any order; the contract promises the order of deadlines rounded to the tick, and deadlines are
+// exact). With WithWorkers(0) those callbacks have also run, on this
 // goroutine. Advance(0) dispatches timers that are already due (d <= 0). A jump of years costs
 // one step per non-empty bucket, not per tick. The clock saturates at math.MaxInt64 nanoseconds
 // past its start, the end of time, where every timer is due.
@@ -113,28 +114,18 @@ func (w *Wheel) nanos() int64 {
 	return int64(time.Since(w.base))
 }
 
-// tickAt converts a reading to the tick in progress at it (rounded down, so a timer due at tick t
-// fires once the time is at least t*tick). math.MaxInt64, the end of time, is the tick of the
-// latest possible deadline.
-func (w *Wheel) tickAt(ns int64) int64 {
-	if ns == math.MaxInt64 {
-		return w.lastTick
-	}
-	return ns / w.tick
-}
-
-// deadline returns the tick at which a timer armed now with delay d comes due: never early, since
-// it is now+d rounded up to a whole tick; a d <= 0 is due at the tick in progress, which the next
-// advance takes. Any d up to math.MaxInt64 is accepted; a deadline past the end of time
-// (math.MaxInt64 ns after the wheel started) saturates there, where a manual clock can reach it.
+// deadline returns the instant (ns on the wheel's clock) at which a timer armed now with delay d
+// comes due: now+d, never early; a d <= 0 is due at once, and the next advance takes it. Any d up
+// to math.MaxInt64 is accepted; a deadline past the end of time (math.MaxInt64 ns after the wheel
+// started) saturates there, where a manual clock can reach it.
 func (w *Wheel) deadline(d time.Duration) int64 { return w.deadlineFrom(w.nanos(), d) }
 
 // deadlineFrom is deadline for a timer armed at the reading now.
 func (w *Wheel) deadlineFrom(now int64, d time.Duration) int64 {
 	if d <= 0 {
-		return w.tickAt(now)
+		return now
 	}
-	return (satAddNanos(now, int64(d))-1)/w.tick + 1 // the end of time, never a wrap
+	return satAddNanos(now, int64(d)) // the end of time, never a wrap
 }
 
 // satAddNanos adds two non-negative nanosecond counts, saturating at math.MaxInt64, the end of
@@ -192,13 +183,13 @@ func (w *Wheel) advanceManual() {
 }
 
 // advance fires every timer due by the manual clock's time. Each round reads the clock, takes
-// the earliest tick m that any shard may have due, advances every shard whose next is m to m,
-// and dispatches what fired; so timers fire in order of their tick across shards. A round that
+// the earliest instant m that any shard may have due, advances every shard whose next is m to m,
+// and dispatches what fired; so timers fire in order of their deadline across shards. A round that
 // finds nothing (a stale next) costs one lock per such shard; none are taken when nothing is
 // due. Only the manual advancer (Advance under advMu) calls it; the system clock's expiry side
 // is expiry.go.
 //
-// A round never takes the tick of the round before it again unless the clock has moved since:
+// A round never takes the instant of the round before it again unless the clock has moved since:
 // what is due there then was armed by the round's own callbacks (d <= 0), and it waits for the
 // next Advance, so that a callback that re-arms itself at once cannot keep Advance from
 // returning. A shard kicked by a late publish (next set to 0) gets its drain round in between.
@@ -207,7 +198,7 @@ func (w *Wheel) advanceManual() {
 func (w *Wheel) advance(onWorker bool) {
 	lastNow, lastM := int64(-1), int64(-1)
 	for {
-		now := w.tickAt(w.nanos())
+		now := w.nanos()
 		m := w.minNext()
 		if m > now || m == lastM && now == lastNow {
 			return
@@ -225,7 +216,7 @@ func (w *Wheel) advance(onWorker bool) {
 			s.mu.Unlock()
 		}
 		if len(w.batch) == 0 && m == never {
-			return // at the end of time with a 1ns tick, empty shards look due: nothing is
+			return // at the end of time, empty shards look due: nothing is
 		}
 		if len(w.batch) > 0 {
 			w.dispatch(w.batch, onWorker)

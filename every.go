@@ -24,7 +24,7 @@ type every struct {
 	// current run is due at: Every's reading plus the interval for the first run, and then whole
 	// intervals later (the fixed rate), unless a Reset moved the run (see runPeriodic).
 	due int64
-	// when is the tick runPeriodic armed the current run for; 0 for the first run, which
+	// when is the deadline runPeriodic armed the current run for; 0 for the first run, which
 	// schedule arms from its own reading of the clock.
 	when int64
 	// version is the version of the state word when the current run was armed (a new arming
@@ -33,9 +33,8 @@ type every struct {
 }
 
 // Every runs f every interval until the returned Timer is stopped, at a fixed rate, as
-// time.Ticker does: the k-th run is due k intervals after the call, and never starts earlier
-// (its deadline is rounded up to the tick, as AfterFunc's is), so the series does not drift by
-// the tick or by the time a run takes to start. Runs of one Every never overlap and never pile
+// time.Ticker does: the k-th run is due k intervals after the call, and never starts earlier, so
+// the series does not drift by the time a run takes to start. Runs of one Every never overlap and never pile
 // up: the next run is armed when the previous one has returned, and if later runs came due
 // meanwhile (f took longer than the interval, or the run started late), they are skipped, and
 // the next run is the first one due after the previous run ended.
@@ -43,8 +42,8 @@ type every struct {
 // The Timer's Stop reports true if it prevented a run that was still to come, also while a run is
 // in progress (that run completes; no other starts). Reset(d) moves the next run to d from now
 // while the series waits for it, and the series then keeps its rate from there: the runs after
-// it are due whole intervals after the tick that run was due at (d rounded up to the tick, or the
-// tick in progress for d <= 0).
+// it are due whole intervals after the instant that run was due at (d from the Reset, or the
+// Reset itself for d <= 0).
 //
 // Every returns an error naming the value for an interval <= 0, ErrNilFunc for a nil f, and as
 // AfterFunc after Stop or past WithMaxPending. In Stats, each run counts once in Scheduled and
@@ -58,7 +57,7 @@ func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 		return Timer{}, fmt.Errorf("shardwheel: Every(%v): interval must be positive", durationArg(interval))
 	}
 	// schedule reads the clock again, no earlier than here: the first run is due no earlier
-	// than due, rounded up to the tick.
+	// than due.
 	ev := &every{f: f, interval: interval, due: satAddNanos(w.nanos(), int64(interval))}
 	return w.schedule(nil, ev, interval)
 }
@@ -70,8 +69,8 @@ func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 // unless a Stop came first; then it frees the entry into fb, which nothing else refers to.
 //
 // The fixed rate. 1. Before f: if a Reset moved this run (the state word's version or the entry's
-// deadline differs from what the series armed), the series re-bases at the tick the run was due
-// at. 2. After f, one clock reading: the next run is due whole intervals after this one, the
+// deadline differs from what the series armed), the series re-bases at the instant the run was
+// due at. 2. After f, one clock reading: the next run is due whole intervals after this one, the
 // first such instant strictly after that reading (those at or before it are skipped, as
 // time.Ticker drops the ticks a slow receiver missed). All arithmetic saturates at the end of
 // time (math.MaxInt64 ns).
@@ -79,8 +78,8 @@ func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatc
 	e, s := r.e, r.s
 	fired.n.Inc()
 	s.scheduled.Inc()
-	if tick := e.when.Load(); e.state.Load()&versionMask != ev.version || ev.when != 0 && tick != ev.when {
-		ev.due = w.tickStart(tick) // 1. a Reset moved this run
+	if when := e.when.Load(); e.state.Load()&versionMask != ev.version || ev.when != 0 && when != ev.when {
+		ev.due = when // 1. a Reset moved this run
 	}
 	w.call(callFunc, ev.f)
 	if w.manual != nil && w.manual.elapsed.Load() == math.MaxInt64 {

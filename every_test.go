@@ -33,9 +33,10 @@ func ms(n ...float64) []time.Duration {
 	return out
 }
 
-// TestEveryFixedRate: the k-th run is due k intervals after the call, whatever the tick rounding,
-// as time.Ticker's k-th tick is: an interval of 2.5 ticks runs at 3, 5, 8, 10 ms (the due
-// instants rounded up to the 1ms tick), not every 3 ticks as a re-arm from each run's start would.
+// TestEveryFixedRate: the k-th run is due k intervals after the call, as time.Ticker's k-th tick
+// is: an interval of 2.5 ticks, with the clock moved 1ms at a time, runs at 3, 5, 8, 10 ms (the
+// first Advance at or after each due instant), not every 3 ticks as a re-arm from each run's
+// start would.
 func TestEveryFixedRate(t *testing.T) {
 	w, clk, tm, runs := everyRuns(t, 2500*time.Microsecond, nil)
 	for i := 0; i < 20; i++ {
@@ -87,7 +88,7 @@ func TestEverySlowRunSkipsFromItsEnd(t *testing.T) {
 	requireBalance(t, w)
 }
 
-// TestEveryResetRebases: Reset moves the next run, and the series keeps its rate from the tick
+// TestEveryResetRebases: Reset moves the next run, and the series keeps its rate from the instant
 // that run was due at.
 func TestEveryResetRebases(t *testing.T) {
 	w, clk, tm, runs := everyRuns(t, 10*time.Millisecond, nil)
@@ -99,21 +100,21 @@ func TestEveryResetRebases(t *testing.T) {
 	clk.Advance(time.Millisecond) // 23: 10ms after the run the Reset moved
 	require.Equal(t, ms(10, 13, 23), *runs)
 
-	// A Reset to a sub-tick delay re-bases at the tick it rounds up to.
-	clk.Advance(500 * time.Microsecond)         // 23.5
-	require.True(t, tm.Reset(time.Millisecond)) // due 24.5, rounded up to 25
-	clk.Advance(2 * time.Millisecond)           // 25.5
-	clk.Advance(9 * time.Millisecond)           // 34.5
+	// A Reset to a deadline inside a tick re-bases at that deadline, not at a tick boundary.
+	clk.Advance(500 * time.Microsecond)                    // 23.5
+	require.True(t, tm.Reset(time.Millisecond))            // due 24.5
+	clk.Advance(2 * time.Millisecond)                      // 25.5
+	clk.Advance(8*time.Millisecond + 900*time.Microsecond) // 34.4
 	require.Equal(t, ms(10, 13, 23, 25.5), *runs)
-	clk.Advance(500 * time.Microsecond) // 35
-	require.Equal(t, ms(10, 13, 23, 25.5, 35), *runs)
+	clk.Advance(100 * time.Microsecond) // 34.5: 10ms after 24.5
+	require.Equal(t, ms(10, 13, 23, 25.5, 34.5), *runs)
 
 	// Several Resets before a run: the last one counts.
 	require.True(t, tm.Reset(time.Hour))
-	require.True(t, tm.Reset(4*time.Millisecond)) // 39
+	require.True(t, tm.Reset(4*time.Millisecond)) // 38.5
 	clk.Advance(4 * time.Millisecond)
-	clk.Advance(10 * time.Millisecond) // 49: next would be 49
-	require.Equal(t, ms(10, 13, 23, 25.5, 35, 39, 49), *runs)
+	clk.Advance(10 * time.Millisecond) // 48.5: 10ms after 38.5
+	require.Equal(t, ms(10, 13, 23, 25.5, 34.5, 38.5, 48.5), *runs)
 	require.True(t, tm.Stop())
 	requireBalance(t, w)
 }

@@ -39,7 +39,7 @@ func Example() {
 // invalid option value is an error that names it.
 func ExampleNew() {
 	w, err := sw.New(
-		sw.WithTick(10*time.Millisecond), // deadlines round up to 10ms
+		sw.WithTick(10*time.Millisecond), // buckets of 10ms: fewer cascades; deadlines stay exact
 		sw.WithShards(4),
 		sw.WithWorkers(2),
 		sw.WithPanicHandler(func(r any) { fmt.Println("recovered:", r) }),

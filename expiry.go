@@ -51,7 +51,7 @@ const stepBudget = 4 * maxChunk
 
 // group is the keeper's summary of consecutive shards.
 type group struct {
-	// next is a lower bound of the next of every shard of the group that is not claimed (ticks).
+	// next is a lower bound of the next of every shard of the group that is not claimed (ns).
 	// Atomic: lowered by CAS-min by producers (noteDeadline), advancers (publishGroup) and the
 	// keeper's collect (the recomputed minimum); stored (never) only by the keeper, in collect,
 	// before it reads the shards.
@@ -76,7 +76,7 @@ func newGroups(shards []*shard) []group {
 
 // signal wakes the keeper if it sleeps. Any goroutine may call it.
 //
-// While the role is free after releaseLater, target holds the watchdog's tick, so a producer
+// While the role is free after releaseLater, target holds the watchdog's moment, so a producer
 // whose deadline is earlier signals; nobody sleeps on wake then, so the signal nudges an idle
 // worker to take the role (and the next keeper finds the token in wake: one more look).
 func (w *Wheel) signal() {
@@ -159,7 +159,7 @@ func (w *Wheel) runTask(wk *worker, c *chunk) {
 //  3. store target = the earliest group.next, then read every group.next once more: a producer
 //     that lowered one before step 3's store is seen by that read; one after it reads the
 //     target and signals. If anything is earlier than the target, or due already, go round.
-//  4. sleep until the target's tick, a signal, queued work or quit; then back to 1.
+//  4. sleep until the target, a signal, queued work or quit; then back to 1.
 func (w *Wheel) keep(wk *worker) {
 	for {
 		w.target.Store(awake)
@@ -167,15 +167,14 @@ func (w *Wheel) keep(wk *worker) {
 		// slabs at most once a second, also while timers keep coming due.
 		// One reading for both: a trim may take a while, and a reading from before it is only
 		// early, which the firing side may be (it fires later, never sooner).
-		ns := w.nanos()
-		trimAt := w.trimIdle(ns)
-		now := w.tickAt(ns)
-		var next int64
-		if wk.due, next = w.collect(now, wk.due[:0]); len(wk.due) > 0 {
+		now := w.nanos()
+		trimAt := w.trimIdle(now)
+		var next, first int64
+		if wk.due, next, first = w.collect(now, wk.due[:0]); len(wk.due) > 0 {
 			if len(wk.due) > 1 {
 				w.release()
 			} else {
-				w.releaseLater(wk, now, next)
+				w.releaseLater(wk, now, next, first)
 			}
 			w.advanceDue(wk, now)
 			clear(wk.due)
@@ -200,12 +199,12 @@ func (w *Wheel) keep(wk *worker) {
 			continue
 		}
 		cur := w.nanos()
-		if next <= w.tickAt(cur) {
+		if next <= cur {
 			continue
 		}
 		var fire <-chan time.Time
-		if next <= w.lastStart { // else nothing is due before the end of time
-			d := time.Duration(next*w.tick - cur)
+		if next != never { // else nothing is due before the end of time
+			d := time.Duration(next - cur)
 			if wk.timer == nil {
 				wk.timer = time.NewTimer(d)
 			} else {
@@ -253,18 +252,30 @@ func (w *Wheel) release() {
 }
 
 // releaseLater lets go of the keeper role like release, but nudges nobody yet: it arms the
-// worker's watchdog to nudge an idle worker at the keeper's next target or at the next tick,
-// whichever is sooner, if the role is still free then. The keeper calls it when one shard is due:
+// worker's watchdog to nudge an idle worker at the keeper's next target or a tick after first,
+// the deadline that made the shard due, whichever is sooner (the first whole number of ticks
+// after first that is after now, if the wake came that late), if the role is still free then.
+// Ticks after first, not after now: an Every(tick)'s next run is due whole intervals after the
+// run it re-arms from, and a watchdog later than that would have the re-arm signal, waking a
+// second goroutine every run. Less one grain (tick/grainsPerTick) if that is still after now,
+// since the shard's next may have been rounded up past the deadline (wheel.nextDue). The keeper calls it when one shard is due:
 // its advance is usually over well within a tick, and keep then takes the role back, so a wake
 // costs one goroutine wake-up, not two. If the advance or its callbacks run longer, the watchdog
 // hands time over as release would have. A deadline earlier than the watchdog that a producer
-// notes meanwhile (AfterFunc(0), say) does not wait for it: target holds the watchdog's tick, so
+// notes meanwhile (AfterFunc(0), say) does not wait for it: target holds the watchdog's moment, so
 // the producer signals, and signal nudges while the role is free. A step that leaves more to do,
 // or fires more than a few callbacks, hands the role over at once (hurry).
-func (w *Wheel) releaseLater(wk *worker, now, next int64) {
+func (w *Wheel) releaseLater(wk *worker, now, next, first int64) {
 	// 1. target before the role is free: a producer that reads it and finds its deadline
 	//    earlier signals, and signal nudges (the watchdog would come too late for it).
-	at := min(next, now+1)
+	at := satAddNanos(first, w.tick)
+	if at <= now && now < never-w.tick {
+		at += ((now-at)/w.tick + 1) * w.tick // a late wake: its re-arm skips to the first after now
+	}
+	if g := w.tick / grainsPerTick; at-g > now {
+		at -= g // first may be a grain late (wheel.nextDue)
+	}
+	at = min(at, next)
 	w.target.Store(at)
 	w.keeper.Store(false)
 	if testHookReleased != nil {
@@ -281,7 +292,7 @@ func (w *Wheel) releaseLater(wk *worker, now, next int64) {
 	default:
 	}
 	// 3. Otherwise the watchdog, or a nudge now if the moment has come already.
-	d := time.Duration(at*w.tick - w.nanos())
+	d := time.Duration(at - w.nanos())
 	if d <= 0 {
 		w.nudgeIdle()
 		return
@@ -325,17 +336,18 @@ func (w *Wheel) nudgeIdle() {
 	}
 }
 
-// collect appends to due the shards that are due at tick now and that it could claim,
+// collect appends to due the shards that are due at the reading now and that it could claim,
 // recomputes the next of every group it looked into, and returns the earliest next over all
-// groups as it leaves them. Only the keeper calls it.
+// groups as it leaves them, and the earliest next of the shards it claimed (never if none).
+// Only the keeper calls it.
 //
 // For each group that may be due: 1. store never in g.next; 2. read each shard's next: a due
 // shard is claimed (a shard that is already claimed is its advancer's, which publishes its next
 // when it is done), a later one counts toward the minimum; 3. lower g.next to that minimum.
 // A producer or advancer that lowers a shard's next after step 2 read it lowers g.next after
 // step 1 (noteDeadline), so step 3's CAS-min keeps the lower value.
-func (w *Wheel) collect(now int64, due []*shard) ([]*shard, int64) {
-	first := int64(never)
+func (w *Wheel) collect(now int64, due []*shard) ([]*shard, int64, int64) {
+	first, claimed := int64(never), int64(never)
 	for gi := range w.groups {
 		g := &w.groups[gi]
 		if n := g.next.Load(); n > now {
@@ -355,12 +367,13 @@ func (w *Wheel) collect(now int64, due []*shard) ([]*shard, int64) {
 			if s.claim.CompareAndSwap(claimFree, claimAdvancing) ||
 				s.claim.CompareAndSwap(claimRunning, claimAdvancing) {
 				due = append(due, s)
+				claimed = min(claimed, n)
 			}
 		}
 		lowerTo(&g.next, m)
 		first = min(first, g.next.Load())
 	}
-	return due, first
+	return due, first, claimed
 }
 
 // minGroups returns the earliest next over all groups.
@@ -372,7 +385,7 @@ func (w *Wheel) minGroups() int64 {
 	return m
 }
 
-// advanceDue advances the shards the keeper claimed, wk.due, to tick now. All but the first go
+// advanceDue advances the shards the keeper claimed, wk.due, to the reading now. All but the first go
 // to idle workers while there are some (a shard offered to a busy pool would wait, claimed, in
 // the queue); this one takes the rest a step each, and only the last may go on with more steps:
 // the others are let go of, still due, for the next keeper to hand out again, so one shard's
@@ -413,7 +426,7 @@ const (
 	claimRunning
 )
 
-// advanceShard advances a shard that the caller claimed to tick now, in steps of stepBudget
+// advanceShard advances a shard that the caller claimed to the reading now, in steps of stepBudget
 // entries, each under one hold of s.mu.
 //
 // Each step's callbacks run on this goroutine, right after the step made them (their entries
@@ -492,7 +505,7 @@ func (w *Wheel) letGo(s *shard) bool {
 // due shard of s's group, or any other group whose lower bound is due. It reads the clock, so
 // that an advancer that goes on for long still sees shards that came due meanwhile.
 func (w *Wheel) unownedDue(s *shard) bool {
-	now := w.tickAt(w.nanos())
+	now := w.nanos()
 	for gi := range w.groups {
 		g := &w.groups[gi]
 		if g != s.g {

@@ -48,11 +48,16 @@ type Firing struct {
 	ID   int
 	When int64 // the entry's deadline
 	At   int64 // elapsed when it fired (the start of its bucket)
+	Now  int64 // the reading of the advance that fired it
 }
 
-func NewTestWheel(elapsed int64) *TestWheel {
-	t := &TestWheel{w: wheel{elapsed: elapsed}, entries: map[int]uint32{}}
-	t.w.slab = &t.sl
+// NewTestWheel returns a wheel at tick elapsed with a tick of 1 ns: deadlines are ticks.
+func NewTestWheel(elapsed int64) *TestWheel { return NewTestWheelTick(elapsed, 1, 1) }
+
+// NewTestWheelTick returns a wheel at tick elapsed with the given tick and grain (ns).
+func NewTestWheelTick(elapsed, tick, grain int64) *TestWheel {
+	t := &TestWheel{entries: map[int]uint32{}}
+	t.w.init(elapsed, tick, grain, &t.sl)
 	return t
 }
 
@@ -88,12 +93,16 @@ func (t *TestWheel) Advance(now int64) { t.AdvanceBudget(now, 0) }
 func (t *TestWheel) AdvanceBudget(now int64, budget int) bool {
 	return t.w.advance(now, func(i uint32, e *entry) {
 		when := e.when.Load()
-		if when > t.w.elapsed {
-			t.w.insert(i, e, when)
+		if tk := when / t.w.tick; tk > t.w.elapsed {
+			t.w.link(i, e, tk, when)
+			return
+		}
+		if when > t.w.now {
+			t.w.straggle(i, e, when)
 			return
 		}
 		id := e.arg.(int)
-		t.Fired = append(t.Fired, Firing{ID: id, When: when, At: t.w.elapsed})
+		t.Fired = append(t.Fired, Firing{ID: id, When: when, At: t.w.elapsed, Now: t.w.now})
 		delete(t.entries, id)
 		t.sl.freeEntry(i, e)
 	}, budget)

@@ -9,6 +9,14 @@ type heapNode struct {
 	slot  uint8
 }
 
+// before reports whether node a comes out of the heap before node b: by start, and at one start the
+// higher level first. Only a bucket put back by a budgeted advance (wheel.putBack) can share its
+// start with the level-0 bucket of the tick in progress, and it must be taken first: that level-0
+// bucket may not be due yet (its first deadline is later in the tick), and advance stops there.
+func before(a, b heapNode) bool {
+	return a.start < b.start || a.start == b.start && a.level > b.level
+}
+
 // bucketHeap is a binary min-heap of buckets by start tick: Kafka's DelayQueue, without the
 // locks, owned by the holder of the shard's mutex. It holds at most one node per bucket (the
 // bucket's queued flag), so at most 7*64 nodes; nodes of buckets that emptied are dropped lazily
@@ -25,7 +33,7 @@ func (h *bucketHeap) push(n heapNode) {
 	i := len(h.nodes) - 1
 	for i > 0 {
 		p := (i - 1) / 2
-		if h.nodes[p].start <= h.nodes[i].start {
+		if !before(h.nodes[i], h.nodes[p]) {
 			break
 		}
 		h.nodes[p], h.nodes[i] = h.nodes[i], h.nodes[p]
@@ -41,10 +49,10 @@ func (h *bucketHeap) pop() heapNode {
 	i := 0
 	for {
 		l, r, m := 2*i+1, 2*i+2, i
-		if l < last && h.nodes[l].start < h.nodes[m].start {
+		if l < last && before(h.nodes[l], h.nodes[m]) {
 			m = l
 		}
-		if r < last && h.nodes[r].start < h.nodes[m].start {
+		if r < last && before(h.nodes[r], h.nodes[m]) {
 			m = r
 		}
 		if m == i {
@@ -58,7 +66,7 @@ func (h *bucketHeap) pop() heapNode {
 // verify checks the heap property.
 func (h *bucketHeap) verify() error {
 	for i := 1; i < len(h.nodes); i++ {
-		if p := (i - 1) / 2; h.nodes[p].start > h.nodes[i].start {
+		if p := (i - 1) / 2; before(h.nodes[i], h.nodes[p]) {
 			return fmt.Errorf("heap: node %d (start %d) above node %d (start %d)", p, h.nodes[p].start, i, h.nodes[i].start)
 		}
 	}

@@ -22,8 +22,9 @@ import (
 // model says.
 //
 // The deadline rule, written from the contract and not from the core's code:
-//   - a timer (re)armed at manual time T with delay d > 0 is due at the first tick boundary at or
-//     after T+d; it fires in the first Advance that brings the clock to that boundary or beyond;
+//   - a timer (re)armed at manual time T with delay d > 0 is due at T+d (deadlines are exact; the
+//     tick is only the width of the wheel's buckets); it fires in the first Advance that brings
+//     the clock to T+d or beyond;
 //   - a timer with d <= 0 is due at once and fires in the next Advance (Advance(0) included);
 //   - the clock saturates at math.MaxInt64 ns (the end of time); a timer whose T+d is at or before
 //     it fires when the clock gets there. One whose T+d lies beyond it (only possible when armed at
@@ -32,8 +33,8 @@ import (
 //   - Every keeps a fixed rate: its first run is due one interval after the call, and after each
 //     run the next is due whole intervals after the one that ran, the first such instant strictly
 //     after the run ended (the Advance's time): runs due meanwhile are skipped. A Reset moves the
-//     next run as for a one-shot timer, and the series then counts its intervals from the tick
-//     boundary that run was due at.
+//     next run as for a one-shot timer, and the series then counts its intervals from the instant
+//     that run was due at (the Reset's time, for d <= 0).
 
 const (
 	mPending = iota
@@ -49,7 +50,6 @@ type mTimer struct {
 	delay    int64 // ns, as passed (may be <= 0)
 	periodic bool
 	interval int64 // of an Every; a Reset moves only the next run
-	reset    bool  // of an Every: a Reset moved the next run, and the series re-bases at its tick
 	// waits are the Stops paused before their publication that held the timer's shard when it
 	// was (re)armed: its command waits in the ring behind their slots, so it may fire late, and
 	// must fire at the first Advance after the last of them is let go. A hold claimed after the
@@ -117,8 +117,7 @@ func (m *model) due(t *mTimer) bool {
 	if m.now == math.MaxInt64 {
 		return true
 	}
-	boundary := uint64(m.now) / uint64(m.tick) * uint64(m.tick) // the last tick boundary passed
-	return boundary >= uint64(t.armed)+uint64(t.delay)
+	return uint64(m.now) >= uint64(t.armed)+uint64(t.delay)
 }
 
 // maybe reports whether a pending timer may, but need not, have fired once the clock reads m.now.
@@ -292,7 +291,6 @@ func (h *relHarness) reset(i int, d time.Duration) {
 	h.check(got == want, "t%d.Reset(%d) = %v, model says %v (state %d)", mt.id, int64(d), got, want, mt.state)
 	if want {
 		mt.armed, mt.delay = h.m.now, int64(d)
-		mt.reset = mt.periodic
 		mt.waits = h.holdsOn(mt.handle)
 	}
 	h.checkLen()
@@ -359,12 +357,12 @@ func (h *relHarness) advance(d time.Duration) {
 		mt.runs++
 		h.stats.fired++
 		if mt.periodic {
-			// Fixed rate: the run that just ran was due at the instant due (or at the start of
-			// its tick, if a Reset moved it); the next is due the first whole number of
-			// intervals after it that lies strictly after now, when the run ended.
-			due := mt.armed + mt.delay
-			if mt.reset {
-				due, mt.reset = int64(h.m.key(mt))*h.m.tick, false
+			// Fixed rate: the run that just ran was due at the instant due (the Reset's own
+			// time, if a Reset with d <= 0 moved it); the next is due the first whole number
+			// of intervals after it that lies strictly after now, when the run ended.
+			due := mt.armed
+			if mt.delay > 0 {
+				due = satAdd(mt.armed, mt.delay)
 			}
 			n := int64(1)
 			if h.m.now >= due {
@@ -592,18 +590,20 @@ func TestModelScenarios(t *testing.T) {
 	h := newRelHarness(t, tick, 2)
 	h.schedule(0, false)                           // t0: due at the next Advance
 	h.schedule(-time.Second, true)                 // t1: likewise
-	h.schedule(1, false)                           // t2: due at the 1 ms boundary
+	h.schedule(1, false)                           // t2: due at 1 ns (deadlines are exact)
 	h.schedule(time.Millisecond, false)            // t3: due at 1 ms exactly
-	h.schedule(time.Millisecond+1, false)          // t4: due at 2 ms
+	h.schedule(time.Millisecond+1, false)          // t4: due at 1 ms + 1 ns
 	h.schedule(time.Duration(1<<36)*tick, false)   // t5: the top level's edge
 	h.schedule(time.Duration(1<<36)*tick+1, false) // t6: one ns past it
 	h.schedule(math.MaxInt64, false)               // t7: the end of time
 	h.advance(0)
 	require.Equal(t, []int{0, 1}, sortedInts(h.fired))
-	h.advance(999_999)
+	h.advance(1)
+	require.Equal(t, []int{2}, h.fired)
+	h.advance(999_998)
 	require.Empty(t, h.fired)
 	h.advance(1)
-	require.Equal(t, []int{2, 3}, sortedInts(h.fired))
+	require.Equal(t, []int{3}, h.fired)
 	h.stop(4)
 	h.stop(4)             // stale: already stopped
 	h.reset(2, time.Hour) // stale: already fired

@@ -98,9 +98,11 @@ func durationArg(d time.Duration) any {
 	return d
 }
 
-// WithTick sets the resolution of the wheel's lowest level (default 1ms). Deadlines are rounded
-// up to a whole tick, so a timer fires at most about one tick after its deadline (plus scheduling
-// delay), never before. It must be positive.
+// WithTick sets the resolution of the wheel's lowest level (default 1ms): the width of a bucket.
+// Deadlines are not rounded to it: a bucket comes due at its earliest deadline, and what is later
+// in its tick waits for its own moment (wheel.go), so a timer fires at its deadline plus the
+// wake-up's delay (at most tick/16 more, the grain a wake inside a tick is rounded to), never
+// before. A coarser tick makes fewer, fuller buckets and fewer cascades. It must be positive.
 func WithTick(d time.Duration) Option {
 	return func(o *options) error {
 		if d <= 0 {

@@ -58,10 +58,10 @@ type shard struct {
 	_       [2*cacheLineSize - mallocHeaderSize - unsafe.Sizeof(shardLine0{}) - unsafe.Sizeof(shardLine1{})]byte
 
 	slab slab
-	// next is a lower bound of the earliest deadline in the ring or the wheel (ticks), except
+	// next is a lower bound of the earliest deadline in the ring or the wheel (ns), except
 	// for commands behind a slot claimed and not yet published when the consumer last drained:
 	// the publish of that slot kicks the shard (ring.stall), and the kick lowers next. On the
-	// system clock it is also at or below the start of the wheel's next due bucket, where a
+	// system clock it is also at or below the moment the wheel's next bucket comes due, where a
 	// cascade may be due before any deadline (an advance publishes that start; any other drain
 	// notes it: drainNoteLocked).
 	next atomic.Int64
@@ -84,8 +84,9 @@ type shard struct {
 	claim atomic.Int32
 
 	// Shards are allocated one by one; this keeps the owner's fields above off the cache line
-	// of whatever the allocator puts next, which may be another shard's read-only line.
-	_ [cacheLineSize]byte
+	// of whatever the allocator puts next, which may be another shard's read-only line. The
+	// 40 bytes round the shard (with the allocator's header) up to whole lines: TestLayout.
+	_ [cacheLineSize + 40]byte
 }
 
 // shardLine0 and shardLine1 mirror the shard's first fields, only to size the pad after them.
@@ -108,8 +109,11 @@ func (s *shard) init(w *Wheel, ringSize int) {
 	s.limited = w.opts.maxPending != 0
 	s.ring.init(ringSize)
 	s.next.Store(never)
-	s.tw.elapsed = w.tickAt(w.nanos())
-	s.tw.slab = &s.slab
+	grain := max(w.tick/grainsPerTick, 1)
+	if w.manual != nil {
+		grain = 1 // Advance fires everything at or before its time: no wake is rounded
+	}
+	s.tw.init(w.nanos()/w.tick, w.tick, grain, &s.slab)
 	s.slab.onGrow = w.noteGrow
 	s.expireFn = s.expire
 }
@@ -151,12 +155,12 @@ func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 
 // kick makes the advancer look at the shard's ring again: its consumer stalled on a command that
 // was claimed but not yet published (ring.stall), and the producer of that command has now
-// published it. Tick 0 is due at any time, so the next advance drains the ring and publishes the
+// published it. Instant 0 is due at any time, so the next advance drains the ring and publishes the
 // true next deadline; with a manual clock, that is the next Advance.
 func (s *shard) kick() { s.noteDeadline(0) }
 
-// noteDeadline lowers s.next to when, then the group's next, and wakes the keeper if when is
-// earlier than the tick it sleeps until. Called by a producer after its command is published
+// noteDeadline lowers s.next to when (ns), then the group's next, and wakes the keeper if when is
+// earlier than the moment it sleeps until. Called by a producer after its command is published
 // (after send), by a drain outside an advance (with the wheel's next due bucket,
 // drainNoteLocked), and by kick.
 //
@@ -172,7 +176,7 @@ func (s *shard) kick() { s.noteDeadline(0) }
 //     before that second read, which sees it; otherwise it reads the final target and signals
 //     if it is earlier. While nobody keeps time the target is awake and nobody is signalled:
 //     the next keeper reads every g.next before it sleeps. After releaseLater the target is the
-//     watchdog's tick instead, and signal nudges an idle worker while the role is free (or
+//     watchdog's moment instead, and signal nudges an idle worker while the role is free (or
 //     releaseLater does, finding the token of a producer that saw the role still held).
 //
 // The common case, a deadline no earlier than the shard's next, is the first load of lowerTo,
@@ -228,8 +232,8 @@ func (s *shard) drainLocked() bool {
 // fire it that much later. Lowering next is always safe there (at worst a visit finds nothing
 // to do), and noting it under mu lets a later advance's publish overwrite it rather than follow
 // it. Not on a manual clock: Advance takes every bucket up to its time anyway, and a next below
-// the tick of its last round would give a d <= 0 timer armed by one of its callbacks a round in
-// the same Advance (clock.go). The caller holds s.mu.
+// the instant of its last round would give a d <= 0 timer armed by one of its callbacks a round
+// in the same Advance (clock.go). The caller holds s.mu.
 func (s *shard) drainNoteLocked() bool {
 	took := s.drainLocked()
 	if took && s.w.manual == nil {
@@ -272,27 +276,35 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 }
 
 // expire is called by wheel.advance for each entry of a bucket that came due, with
-// s.tw.elapsed set to that bucket's start. The caller holds s.mu, and is the shard's advancer;
-// what fires goes to s.fired, which the advancer empties after each step.
+// s.tw.elapsed set to that bucket's start and s.tw.now to the advance's reading. The caller holds
+// s.mu, and is the shard's advancer; what fires goes to s.fired, which the advancer empties after
+// each step.
 //
 // It reads the state word, then the deadline, then CASes the word it read: if a Reset stored a
 // later deadline in between, that Reset also bumped the version, the CAS fails and the loop
-// re-reads the new deadline (timer.go). So an entry fires only on a deadline that is due.
+// re-reads the new deadline (timer.go). So an entry fires only on a deadline that is due: one in
+// a later tick goes one level down (or further, after a Reset), one later in the tick in
+// progress waits in a soon bucket for its moment (straggle).
 func (s *shard) expire(i uint32, e *entry) {
 	for {
 		w := e.state.Load()
 		if isState(w, stResetting) {
 			// A Reset holds the entry: keep it linked, past this advance (so a stalled Reset
 			// costs one visit per advance, not one per tick); the Reset's command moves it.
-			s.tw.insert(i, e, s.tw.target+1)
+			t := s.tw.target + 1
+			s.tw.link(i, e, t, s.tw.startOf(t))
 			return
 		}
 		if !isState(w, stPending) {
 			return // stopped: its cancel command frees it. dropped: the wheel is going away.
 		}
 		when := e.when.Load()
-		if when > s.tw.elapsed {
-			s.tw.insert(i, e, when) // cascade: a lower level, or later after a Reset
+		if t := when / s.tw.tick; t > s.tw.elapsed {
+			s.tw.link(i, e, t, when) // cascade: a lower level, or later after a Reset
+			return
+		}
+		if when > s.tw.now {
+			s.tw.straggle(i, e, when)
 			return
 		}
 		if e.state.CompareAndSwap(w, withState(w, stFiring)) {
@@ -302,7 +314,7 @@ func (s *shard) expire(i uint32, e *entry) {
 	}
 }
 
-// advanceLocked drains the ring and fires what is due at tick now into s.fired, visiting at
+// advanceLocked drains the ring and fires what is due at the reading now (ns) into s.fired, visiting at
 // most about budget entries (0: no bound). When it reaches now it publishes the shard's next
 // deadline and reports true; otherwise s.next stays at or below now and the caller, which keeps
 // the shard (claimed, or under advMu), calls again after it let go of mu. The caller holds s.mu.
@@ -315,7 +327,7 @@ func (s *shard) advanceLocked(now int64, budget int) bool {
 	return true
 }
 
-// publishNextLocked stores the wheel's next due tick in s.next. The drain behind that figure may
+// publishNextLocked stores the wheel's next due moment in s.next. The drain behind that figure may
 // have missed commands, and the store may erase a producer's lower next, in two ways:
 //   - a producer published a command after the drain and lowered next with its CAS before this
 //     store overwrote it: so after the store the ring is drained once more, and if that took

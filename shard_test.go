@@ -216,3 +216,79 @@ func TestLayout(t *testing.T) {
 	require.Equal(t, start+2*line, sw.ShardOwnerAt, "the owner's fields start the line after it")
 	require.Zero(t, (sw.ShardSize+sw.MallocHeaderSize)%line, "a shard ends on a line")
 }
+
+// TestWheelExactDeadlines: with a tick wider than a nanosecond, deadlines inside one tick fire at
+// their own instant, not at the tick's end. Entries are spread over a few hundred ticks, several per
+// tick; the wheel is advanced to readings inside ticks, in budgeted steps of random size, with
+// entries unlinked on the way (stragglers among them). Every firing is at or after its deadline;
+// after each completed advance nothing due is left; the wheel's next wake is never later than the
+// earliest pending deadline (rounded up to the grain); each entry fires once; the invariants hold
+// after every step.
+func TestWheelExactDeadlines(t *testing.T) {
+	const tick = 1000
+	for _, grain := range []int64{1, 64} {
+		rng := rand.New(rand.NewPCG(11, uint64(grain)))
+		for round := 0; round < 30; round++ {
+			start := rng.Int64N(1 << 30)
+			tw := sw.NewTestWheelTick(start, tick, grain)
+			pending := map[int]int64{}
+			n := 500
+			for id := 0; id < n; id++ {
+				when := start*tick + rng.Int64N(300*tick)
+				if id%5 == 0 {
+					when = start*tick + rng.Int64N(2*tick) // crowd the first ticks
+				}
+				tw.Insert(id, when)
+				pending[id] = when
+			}
+			require.NoError(t, tw.Verify())
+			now := start * tick
+			fired := map[int]bool{}
+			for len(pending) > 0 {
+				switch rng.IntN(4) {
+				case 0:
+					now = max(now, tw.NextDue())
+				case 1:
+					now = max(now, tw.NextDue()+rng.Int64N(tick))
+				default:
+					now += rng.Int64N(3 * tick)
+				}
+				budget := []int{0, 1, 3, 50}[rng.IntN(4)]
+				for {
+					before := len(tw.Fired)
+					done := tw.AdvanceBudget(now, budget)
+					require.NoError(t, tw.Verify())
+					for _, f := range tw.Fired[before:] {
+						require.False(t, fired[f.ID], "entry %d fired twice", f.ID)
+						fired[f.ID] = true
+						require.Equal(t, pending[f.ID], f.When)
+						require.LessOrEqual(t, f.When, f.Now, "entry %d fired early", f.ID)
+						delete(pending, f.ID)
+					}
+					if done {
+						break
+					}
+				}
+				first := int64(math.MaxInt64)
+				for id, when := range pending {
+					require.Greater(t, when, now, "entry %d due at %d left after an advance to %d", id, when, now)
+					first = min(first, when)
+				}
+				if len(pending) > 0 {
+					next := tw.NextDue()
+					require.Greater(t, next, now)
+					require.LessOrEqual(t, next, (first+grain-1)/grain*grain, "the next wake is after the earliest deadline")
+				}
+				// Unlink a few pending entries: some are stragglers in a soon bucket by now.
+				for id := range pending {
+					if rng.IntN(8) == 0 {
+						tw.Unlink(id)
+						delete(pending, id)
+					}
+				}
+				require.NoError(t, tw.Verify())
+			}
+			require.Zero(t, tw.Len())
+		}
+	}
+}

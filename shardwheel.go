@@ -15,7 +15,8 @@
 //
 // Guarantees:
 //   - Never early: a callback never starts before the moment of the call plus its delay, read
-//     from the monotonic clock; deadlines are rounded up to the tick.
+//     from the monotonic clock. Deadlines are exact: the tick is the width of a bucket, not a
+//     rounding of the deadline.
 //   - Exactly once: every accepted timer ends in exactly one of: its callback ran once, one
 //     Timer.Stop reported true, or it was counted in the value Wheel.Stop returned.
 //   - Bounded goroutines: WithWorkers workers (one with WithWorkers(0); none with a manual clock
@@ -50,11 +51,10 @@ var (
 //
 // Fields are immutable after New unless noted.
 type Wheel struct {
-	opts     options
-	tick     int64 // nanoseconds per tick
-	lastTick int64 // the tick of the end of time (math.MaxInt64 ns): tickAt(math.MaxInt64)
+	opts options
+	tick int64 // nanoseconds per tick: the width of a bucket of level 0 (deadlines are exact)
 	// lastStart is the last tick whose start is below the end of time, math.MaxInt64/tick: kept
-	// so that tickStart, on every callback's lateness, compares instead of dividing.
+	// so that tickStart, on every callback's lateness, compares instead of multiplying blindly.
 	lastStart int64
 	shards    []*shard
 	pool      pool
@@ -89,9 +89,9 @@ type Wheel struct {
 	// The system clock's expiry side (expiry.go).
 	groups []group     // immutable slice; see group
 	keeper atomic.Bool // held by the worker that keeps time (expiry.go)
-	// target is the tick the keeper sleeps until, read by producers to decide whether to
+	// target is the instant (ns) the keeper sleeps until, read by producers to decide whether to
 	// signal: awake while a keeper is awake or the role is free after release; the watchdog's
-	// tick while the role is free after releaseLater (expiry.go). Stored only by the worker
+	// moment while the role is free after releaseLater (expiry.go). Stored only by the worker
 	// that holds the role or is letting go of it.
 	target atomic.Int64
 	wake   chan struct{} // producers signal the keeper: an earlier deadline (cap 1)
@@ -149,7 +149,6 @@ func New(opts ...Option) (*Wheel, error) {
 	w := &Wheel{
 		opts:      o,
 		tick:      int64(o.tick),
-		lastTick:  (math.MaxInt64-1)/int64(o.tick) + 1,
 		lastStart: math.MaxInt64 / int64(o.tick),
 		closing:   make(chan struct{}),
 		stopped:   make(chan struct{}),

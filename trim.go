@@ -48,7 +48,7 @@ type slabWatch struct {
 }
 
 // trimIdle looks at the slabs if trimLook has passed since the last look, trims those that have
-// been quiet for trimQuiet, and returns the tick at which it wants to look again (never if every
+// been quiet for trimQuiet, and returns the instant at which it wants to look again (never if every
 // slab is trimmed and unchanged). now is the caller's reading of w.nanos(). Only the advancer
 // calls it, with no lock held.
 func (w *Wheel) trimIdle(now int64) int64 {
@@ -63,10 +63,10 @@ func (w *Wheel) trimIdle(now int64) int64 {
 		// A slab that grew since the last look (noteGrow) is looked at within trimLook of it.
 		if due := t.last + int64(trimLook); w.trimDirty.Load() && due < t.next {
 			if now < due {
-				return w.tickAt(due) + 1
+				return due
 			}
 		} else {
-			return w.tickAt(t.next) + 1
+			return t.next
 		}
 	}
 	w.trimDirty.Store(false) // before the look: a grow after this store is seen by the next call
@@ -101,7 +101,7 @@ func (w *Wheel) trimIdle(now int64) int64 {
 	if t.next < now {
 		t.next = never // a manual clock near the end of time
 	}
-	return w.tickAt(t.next) + 1
+	return t.next
 }
 
 // noteGrow records that a slab grew, and wakes the keeper so that the trimmer watches it: only

@@ -2,6 +2,7 @@ package shardwheel
 
 import (
 	"fmt"
+	"math"
 	"math/bits"
 )
 
@@ -23,6 +24,16 @@ import (
 // min-heap (Kafka's DelayQueue), so time jumps from one non-empty bucket to the next: no empty
 // ticks, and a jump of three years costs one visit per non-empty bucket.
 //
+// Deadlines are exact; the tick is only the width of a bucket. An entry's deadline (entry.when) is
+// in nanoseconds, and it belongs to the tick in progress at that instant (when/tick, rounded
+// down). So a bucket of level 0 holds deadlines anywhere in its tick, and is not due at its start
+// but at its earliest deadline (min0, a lower bound kept per slot). Taking it fires what is due
+// and moves the rest, the entries of the tick in progress whose moment has not come, to a soon
+// bucket (stragglers), which comes due at its own earliest deadline. So a callback starts at its
+// deadline plus the wake-up's delay, not up to a tick later: the runtime's precision, at the
+// wheel's cost per timer. Two soon buckets, so that a budgeted take of one never meets the
+// stragglers that its own walk puts into the other.
+//
 // The wheel is plain data owned by one goroutine at a time (the holder of its shard's mutex):
 // no atomics and no locks here, except reading an entry's state and deadline through the
 // expire callback that the shard passes in.
@@ -39,7 +50,8 @@ const (
 	numLevels  = 6
 	wheelBits  = slotBits * numLevels // 36
 	wheelSpan  = int64(1) << wheelBits
-	overflowLv = numLevels // the level index of the parking bucket
+	overflowLv = numLevels     // the level index of the parking bucket
+	soonLv     = numLevels + 1 // the level in a laneRef to a soon bucket (slot 0 or 1); not in buckets
 
 	// Each bucket is laneCount independent lists, filled round-robin. Taking a bucket walks
 	// its lanes side by side, so the loads of laneCount next pointers are in flight at once:
@@ -48,6 +60,10 @@ const (
 	laneBits  = 3
 	laneCount = 1 << laneBits
 	laneMask  = laneCount - 1
+
+	// grainsPerTick is how finely a wake inside a tick is placed on the system clock: a wake for
+	// a deadline is rounded up to tick/grainsPerTick (wheel.grain).
+	grainsPerTick = 16
 )
 
 // levelFor returns the level at which an entry due at tick when belongs, seen from tick elapsed
@@ -112,28 +128,78 @@ func laneOf(r uint32) (lv, sl int, ln uint8) {
 // wheel is the hierarchical timing wheel of one shard. Owned by the holder of shard.mu.
 type wheel struct {
 	target   int64                           // the tick the running advance goes to (only meaningful during advance)
+	now      int64                           // the reading (ns) the running advance goes to (only meaningful during advance)
 	elapsed  int64                           // ticks processed; never decreases
-	count    int                             // entries linked
+	count    int                             // entries linked, soon buckets included
 	lane     uint8                           // the lane the next insert uses
 	occupied [numLevels + 1]uint64           // bit s of level l set iff buckets[l][s] is non-empty
 	buckets  [numLevels + 1][numSlots]bucket // level overflowLv uses slot 0 only
+	// min0 is, for each non-empty bucket of level 0, a lower bound of its entries' deadlines
+	// (ns): set by the insert that finds the bucket empty, lowered by later inserts, never raised
+	// by unlink (an early bound only wakes the advancer early), and 0 after a put back.
+	min0 [numSlots]int64
+	// soon are the stragglers' buckets (see the top of this file): every entry in them belongs to
+	// the tick in progress, elapsed, and is due by its end. soonFill is the one stragglers go
+	// into; the other one is being taken in steps when it is not empty. soonMin is a lower
+	// bound of each one's deadlines (ns), meaningful while it is not empty; 0 after a put back.
+	soon     [2]bucket
+	soonMin  [2]int64
+	soonFill uint8
 	heap     bucketHeap
 	slab     *slab // where linked indices point; the shard's
+
+	tick      int64 // nanoseconds per tick; immutable
+	lastStart int64 // the last tick whose start is below the end of time, math.MaxInt64/tick; immutable
+	// grain is what a wake for a deadline inside a tick is rounded up to (tick/16 on the system
+	// clock, so that a bucket is visited at most about 16 times in its tick however its
+	// deadlines are spread; 1 on a manual clock, whose Advance must fire everything at or before
+	// its time); immutable.
+	grain int64
 }
 
-// insert links e, the entry with index i, so that it comes due at tick when. A deadline at or
-// before elapsed (a timer that was due while its command waited in the ring) goes to the bucket
-// of elapsed itself, which the next advance takes first.
-func (w *wheel) insert(i uint32, e *entry, when int64) {
-	if when < w.elapsed {
-		when = w.elapsed
+// init sets up an empty wheel at tick elapsed. tick and grain are in nanoseconds.
+func (w *wheel) init(elapsed, tick, grain int64, sl *slab) {
+	w.elapsed, w.tick, w.grain, w.slab = elapsed, tick, grain, sl
+	w.lastStart = math.MaxInt64 / tick
+}
+
+// startOf returns the instant (ns) at which tick t begins, saturating at the end of time.
+func (w *wheel) startOf(t int64) int64 {
+	if t > w.lastStart {
+		return math.MaxInt64
 	}
-	lv := levelFor(w.elapsed, when)
+	return t * w.tick
+}
+
+// bucketAt returns the bucket a laneRef's level and slot name.
+func (w *wheel) bucketAt(lv, sl int) *bucket {
+	if lv == soonLv {
+		return &w.soon[sl]
+	}
+	return &w.buckets[lv][sl]
+}
+
+// insert links e, the entry with index i, for its deadline when (ns, at least 0): into the bucket
+// of the tick in progress at when. A deadline in a tick before elapsed (a timer that was due
+// while its command waited in the ring) goes to the bucket of elapsed itself, which the next
+// advance takes first.
+func (w *wheel) insert(i uint32, e *entry, when int64) { w.link(i, e, when/w.tick, when) }
+
+// link is insert at tick t, with when the earliest moment in t that the entry may be due (its
+// deadline; the start of t for an entry parked there by expire).
+func (w *wheel) link(i uint32, e *entry, t, when int64) {
+	if t < w.elapsed {
+		t = w.elapsed
+	}
+	lv := levelFor(w.elapsed, t)
 	sl := 0
 	if lv != overflowLv {
-		sl = slotFor(when, lv)
+		sl = slotFor(t, lv)
 	}
 	b := &w.buckets[lv][sl]
+	if lv == 0 && (w.occupied[0]&(1<<uint(sl)) == 0 || when < w.min0[sl]) {
+		w.min0[sl] = when
+	}
 	w.occupied[lv] |= 1 << uint(sl)
 	// A level bucket's start is the same for all its entries (they share the bits above the
 	// level with elapsed, and its start only changes once time passed it, which pops its node),
@@ -141,11 +207,17 @@ func (w *wheel) insert(i uint32, e *entry, when int64) {
 	// entries: an earlier one pushes a new node, and the old node is dropped as stale when it
 	// reaches the top. A start kept from an entry that left is early, which is safe: the visit
 	// re-parks what is still out of reach.
-	if start := bucketStart(when, lv); !b.queued || start < b.start {
+	if start := bucketStart(t, lv); !b.queued || start < b.start {
 		b.start = start
 		b.queued = true
 		w.heap.push(heapNode{start: start, level: uint8(lv), slot: uint8(sl)})
 	}
+	w.push(b, lv, sl, i, e)
+}
+
+// push links e, with index i, as the first entry of the next lane of bucket b, which is bucket
+// (lv, sl).
+func (w *wheel) push(b *bucket, lv, sl int, i uint32, e *entry) {
 	ln := w.lane
 	w.lane = (ln + 1) & laneMask
 	head := b.lanes[ln]
@@ -158,15 +230,26 @@ func (w *wheel) insert(i uint32, e *entry, when int64) {
 	w.count++
 }
 
+// straggle links e, an entry of the tick in progress whose deadline when (ns) is after the
+// running advance's reading, into the soon bucket that stragglers go into.
+func (w *wheel) straggle(i uint32, e *entry, when int64) {
+	f := w.soonFill
+	b := &w.soon[f]
+	if b.empty() || when < w.soonMin[f] {
+		w.soonMin[f] = when
+	}
+	w.push(b, soonLv, int(f), i, e)
+}
+
 // unlink removes a linked entry from its bucket in O(1). The bucket's heap node stays and is
 // discarded when it reaches the top.
 func (w *wheel) unlink(e *entry) {
 	p, n := e.prev, e.next
 	if p&laneBit != 0 {
 		lv, sl, ln := laneOf(p)
-		b := &w.buckets[lv][sl]
+		b := w.bucketAt(lv, sl)
 		b.lanes[ln] = n
-		if n == 0 && b.empty() {
+		if n == 0 && lv != soonLv && b.empty() {
 			w.occupied[lv] &^= 1 << uint(sl)
 		}
 	} else {
@@ -179,17 +262,60 @@ func (w *wheel) unlink(e *entry) {
 	w.count--
 }
 
-// nextDue returns the start of the earliest non-empty bucket, or never if the wheel is empty.
-// It drops stale heap nodes on the way.
+// nextDue returns the reading (ns) at which the wheel next has something to do: the earliest
+// straggler's deadline, or the moment the earliest non-empty bucket comes due (dueAt), whichever
+// is sooner; never if the wheel is empty. It drops stale heap nodes on the way.
 func (w *wheel) nextDue() int64 {
+	d := int64(never)
+	for f := range w.soon {
+		if !w.soon[f].empty() {
+			d = min(d, w.soonMin[f])
+		}
+	}
+	if d != never {
+		d = min(w.roundUp(d), w.endOf(w.elapsed)) // every straggler is due by the end of elapsed
+	}
 	for w.heap.len() > 0 {
 		n := w.heap.top()
 		if w.live(n) {
-			return n.start
+			return min(d, w.dueAt(n))
 		}
 		w.popNode()
 	}
-	return never
+	return d
+}
+
+// dueAt returns the reading at which the bucket of a live node comes due: its start, or for a
+// bucket of level 0 its earliest deadline if that is later (rounded up to the grain, and no later
+// than the end of its tick, when all of it is due).
+func (w *wheel) dueAt(n heapNode) int64 {
+	at := w.startOf(n.start)
+	if n.level != 0 {
+		return at
+	}
+	if m := w.min0[n.slot]; m > at {
+		return min(w.roundUp(m), w.endOf(n.start))
+	}
+	return at
+}
+
+// endOf returns the instant at which tick t ends (the start of the next), saturating at the end
+// of time.
+func (w *wheel) endOf(t int64) int64 {
+	if t >= w.lastStart {
+		return math.MaxInt64
+	}
+	return w.startOf(t + 1)
+}
+
+// roundUp rounds a deadline up to a whole number of grains (saturating): a wake for it is never
+// early, and at most a grain late.
+func (w *wheel) roundUp(d int64) int64 {
+	g := w.grain
+	if g <= 1 || d > math.MaxInt64-g {
+		return d
+	}
+	return (d + g - 1) / g * g
 }
 
 // live reports whether a heap node still stands for a non-empty bucket due at its start.
@@ -207,31 +333,43 @@ func (w *wheel) popNode() heapNode {
 	return n
 }
 
-// advance takes, in order of their start, every bucket that comes due at or before now, and hands
-// each of its entries to expire with elapsed set to the bucket's start. expire either fires the
-// entry or re-inserts it (it is then linked into a lower level, never into the bucket being
-// taken). If it reaches now, elapsed is now and advance reports true.
+// advance takes, in order of their start, every bucket that comes due at or before the reading now
+// (ns), and hands each of its entries to expire with elapsed set to the bucket's start; first the
+// stragglers whose deadline may have come (takeSoon). expire either fires the entry, re-inserts it
+// (it is then linked into a lower level, never into the bucket being taken), or, for an entry of
+// the tick in progress whose deadline is after now, hands it to straggle. The level-0 bucket of
+// the tick in progress is taken only once its earliest deadline (min0) has come. If it reaches
+// now, elapsed is now's tick and advance reports true.
 //
 // budget bounds the entries visited in one call (0: no bound), so that the holder of the shard's
 // mutex can let go of it between steps of a flood. When the budget runs out first, advance
 // reports false and the wheel is consistent at the bucket it was taking: what is left of that
-// bucket is put back (putBack), elapsed is that bucket's start, and the next call goes on from
-// there. The overflow bucket is always taken whole: a visit may re-park entries in it.
+// bucket is put back (putBack, or into its soon bucket), elapsed is that bucket's start, and the
+// next call goes on from there. The overflow bucket is always taken whole: a visit may re-park
+// entries in it.
 func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) bool {
-	if now < w.elapsed {
+	t := now / w.tick
+	if t < w.elapsed {
 		return true // time never goes backwards; a stale reading is simply early
 	}
-	w.target = now
-	left := budget
+	w.target, w.now = t, now
+	took, done := w.takeSoon(expire, budget)
+	if !done {
+		return false
+	}
+	left := budget - took
 	for w.heap.len() > 0 {
 		n := w.heap.top()
-		if n.start > now {
+		if n.start > t {
 			break
+		}
+		live := w.live(n)
+		if live && n.level == 0 && w.min0[n.slot] > now {
+			break // the bucket of the tick in progress, whose first deadline is yet to come
 		}
 		if budget > 0 && left <= 0 {
 			return false
 		}
-		live := w.live(n)
 		w.popNode()
 		if !live {
 			continue
@@ -251,8 +389,47 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 			return false
 		}
 	}
-	w.elapsed = now
+	w.elapsed = t
 	return true
+}
+
+// takeSoon hands to expire the stragglers whose deadline may have come. The soon bucket that
+// stragglers do not go into is taken first if a step left some of it; else the one they go into,
+// once its earliest deadline has come, after the two swap roles (its not-yet-due entries then go
+// to the other). It reports how many entries it handed over and whether it is done: when the
+// budget runs out, what is left goes back into the bucket being taken, due at once, for the next
+// step.
+func (w *wheel) takeSoon(expire func(i uint32, e *entry), budget int) (took int, done bool) {
+	for {
+		t := w.soonFill ^ 1
+		if w.soon[t].empty() {
+			f := w.soonFill
+			if w.soon[f].empty() || w.soonMin[f] > w.now {
+				return took, true
+			}
+			w.soonFill, t = t, f
+		}
+		limit := 0
+		if budget > 0 {
+			if limit = budget - took; limit <= 0 {
+				return took, false
+			}
+		}
+		b := &w.soon[t]
+		cur := b.lanes
+		b.lanes = [laneCount]uint32{}
+		took += w.takeLanes(&cur, expire, limit)
+		if cur != ([laneCount]uint32{}) {
+			for ln, i := range cur {
+				if i != 0 {
+					b.lanes[ln] = i
+					w.slab.at(i).prev = laneRef(soonLv, int(t), uint8(ln))
+				}
+			}
+			w.soonMin[t] = 0
+			return took, false
+		}
+	}
 }
 
 // putBack links the untaken rest of a bucket's lanes, cur, back into the bucket of node n, which
@@ -266,6 +443,9 @@ func (w *wheel) putBack(n heapNode, cur *[laneCount]uint32) {
 		}
 	}
 	w.occupied[n.level] |= 1 << n.slot
+	if n.level == 0 {
+		w.min0[n.slot] = 0 // the rest's deadlines are not known: due at the bucket's start
+	}
 	b.start = n.start
 	b.queued = true
 	w.heap.push(n)
@@ -313,6 +493,15 @@ func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry
 // forEach calls fn for every linked entry. Used by Wheel.Stop and tests. It visits only the
 // buckets whose occupied bit is set (a shard's wheel has hundreds of buckets, mostly empty).
 func (w *wheel) forEach(fn func(e *entry)) {
+	for f := range w.soon {
+		for _, h := range w.soon[f].lanes {
+			for i := h; i != 0; {
+				e := w.slab.at(i)
+				i = e.next
+				fn(e)
+			}
+		}
+	}
 	for lv := range w.buckets {
 		for occ := w.occupied[lv]; occ != 0; occ &= occ - 1 {
 			sl := bits.TrailingZeros64(occ)
@@ -375,12 +564,31 @@ func (w *wheel) verify() error {
 					if i&laneBit != 0 || e.prev != prev {
 						return fmt.Errorf("level %d slot %d lane %d: entry links wrong", lv, sl, ln)
 					}
-					if lv == overflowLv && bucketStart(e.when.Load(), lv) < b.start {
+					if lv == overflowLv && bucketStart(e.when.Load()/w.tick, lv) < b.start {
 						return fmt.Errorf("overflow: entry due %d parked past its era start %d", e.when.Load(), b.start)
+					}
+					if lv == 0 && w.min0[sl] > e.when.Load() {
+						return fmt.Errorf("level 0 slot %d: bound %d after a deadline %d", sl, w.min0[sl], e.when.Load())
 					}
 					prev, i = i, e.next
 					n++
 				}
+			}
+		}
+	}
+	for f := range w.soon {
+		for ln, h := range w.soon[f].lanes {
+			prev := laneRef(soonLv, f, uint8(ln))
+			for i := h; i != 0; {
+				e := w.slab.at(i)
+				if i&laneBit != 0 || e.prev != prev {
+					return fmt.Errorf("soon %d lane %d: entry links wrong", f, ln)
+				}
+				if when := e.when.Load(); when < w.soonMin[f] || when/w.tick < w.elapsed {
+					return fmt.Errorf("soon %d: deadline %d before its bound %d or the tick in progress %d", f, when, w.soonMin[f], w.elapsed)
+				}
+				prev, i = i, e.next
+				n++
 			}
 		}
 	}

@@ -189,10 +189,16 @@ func (w *Wheel) runRefs(refs []ref, wk *worker) {
 	fb.flush()
 }
 
-// lateness returns how late a callback starting at reading now is for a deadline at tick when
-// (0 for a deadline at the end of time, which tickStart saturates).
+// lateness returns how late a callback starting at reading now is, as Stats.Lateness counts it:
+// against its deadline when (ns) rounded up to the tick, 0 if it started before that (deadlines
+// are exact, so most start within their tick) or for a deadline at the end of time, which
+// tickStart saturates.
 func (w *Wheel) lateness(now, when int64) time.Duration {
-	return time.Duration(max(0, now-w.tickStart(when)))
+	t := when / w.tick
+	if when%w.tick != 0 {
+		t++
+	}
+	return time.Duration(max(0, now-w.tickStart(t)))
 }
 
 // runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry is freed
