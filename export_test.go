@@ -216,6 +216,22 @@ func (t Timer) StopHeld() (bool, *Held) {
 	return true, &Held{s: t.s, slot: slot, pos: pos, i: t.i, cmd: t.gen<<opBits | opCancel}
 }
 
+// ResetHeld is Timer.Reset paused between its two steps, the claim of the entry and its release
+// (preemption can pause it there): it reports what Reset would, and release finishes it. While
+// it is paused the entry is held, and Stop, Reset and Wheel.Stop of that timer wait for it.
+func (t Timer) ResetHeld(d time.Duration) (ok bool, release func()) {
+	if t.s == nil {
+		return false, nil
+	}
+	e := t.s.slab.at(t.i)
+	when := t.s.w.deadline(d)
+	w, ok := t.claim(e)
+	if !ok {
+		return false, nil
+	}
+	return true, func() { t.release(e, w, when) }
+}
+
 // ShardID names the shard the held command is in, comparable with Timer.ShardID.
 func (h *Held) ShardID() uintptr { return uintptr(unsafe.Pointer(h.s)) }
 

@@ -58,7 +58,10 @@ type mTimer struct {
 	// late is set when the last hold the timer waited for was let go: the wheel learns of it
 	// after its deadline, so it fires at the next Advance, in ring order rather than deadline
 	// order among such timers.
-	late   bool
+	late bool
+	// hold releases a Reset of this timer paused between its claim and its release (nil if
+	// none): meanwhile the timer must not fire, and the harness neither stops nor resets it.
+	hold   func()
 	runs   int // callbacks that ran
 	handle sw.Timer
 }
@@ -146,6 +149,8 @@ type relHarness struct {
 	// held are cancels claimed in their rings and not yet published: their Stops are paused
 	// between claim and publish, and every command behind them waits (the v1 lost wake-up).
 	held []*sw.Held
+	// holding are the timers whose Reset is paused (mTimer.hold).
+	holding []*mTimer
 }
 
 func newRelHarness(t testing.TB, tick time.Duration, shards int) *relHarness {
@@ -170,6 +175,10 @@ func (h *relHarness) fail(format string, args ...any) {
 		hd.Publish() // Wheel.Stop waits for every claimed slot
 	}
 	h.held = nil
+	for _, mt := range h.holding {
+		mt.hold() // Wheel.Stop waits for every held entry
+	}
+	h.holding = nil
 	h.w.Stop()
 	h.t.Fatalf("%s\noperations:\n  %s", fmt.Sprintf(format, args...), strings.Join(h.log, "\n  "))
 }
@@ -215,6 +224,9 @@ func (h *relHarness) stop(i int) {
 		return
 	}
 	mt := h.m.timers[i%len(h.m.timers)]
+	if mt.hold != nil {
+		return // Stop would wait for the paused Reset, on this very goroutine
+	}
 	want := mt.state == mPending
 	got := mt.handle.Stop()
 	h.logf("t%d.Stop() = %v", mt.id, got)
@@ -234,6 +246,9 @@ func (h *relHarness) stopHeld(i int) {
 		return
 	}
 	mt := h.m.timers[i%len(h.m.timers)]
+	if mt.hold != nil {
+		return
+	}
 	want := mt.state == mPending
 	got, held := mt.handle.StopHeld()
 	h.logf("t%d.Stop() = %v, paused before it publishes (held %d)", mt.id, got, len(h.held))
@@ -285,6 +300,9 @@ func (h *relHarness) reset(i int, d time.Duration) {
 		return
 	}
 	mt := h.m.timers[i%len(h.m.timers)]
+	if mt.hold != nil {
+		return
+	}
 	want := mt.state == mPending
 	got := mt.handle.Reset(d)
 	h.logf("t%d.Reset(%d) = %v at %d", mt.id, int64(d), got, h.m.now)
@@ -293,6 +311,49 @@ func (h *relHarness) reset(i int, d time.Duration) {
 		mt.armed, mt.delay = h.m.now, int64(d)
 		mt.waits = h.holdsOn(mt.handle)
 	}
+	h.checkLen()
+}
+
+// resetHeld is reset, paused between the claim of the entry and its release (Reset's two
+// steps); releaseReset lets it go on. Until then the timer must not fire, whatever Advance does:
+// the shard meets a held entry and must neither fire it nor lose it (it parks it, and the Reset
+// then sends a command). At most maxHolding are paused at once.
+func (h *relHarness) resetHeld(i int, d time.Duration) {
+	const maxHolding = 3
+	if len(h.m.timers) == 0 || len(h.holding) == maxHolding {
+		return
+	}
+	mt := h.m.timers[i%len(h.m.timers)]
+	if mt.hold != nil {
+		return
+	}
+	want := mt.state == mPending
+	got, release := mt.handle.ResetHeld(d)
+	h.logf("t%d.Reset(%d) = %v at %d, paused before its release", mt.id, int64(d), got, h.m.now)
+	h.check(got == want, "t%d.Reset(%d) = %v, model says %v (state %d)", mt.id, int64(d), got, want, mt.state)
+	if want {
+		mt.armed, mt.delay = h.m.now, int64(d) // the deadline is read at the call
+		mt.hold = release
+		h.holding = append(h.holding, mt)
+	}
+	h.checkLen()
+}
+
+// releaseReset lets the paused Reset number i (of those paused) finish. If the shard parked the
+// entry meanwhile, the Reset's command moves it; it may then fire at the next Advance in ring
+// order rather than deadline order (late), and that command may wait behind paused Stops.
+func (h *relHarness) releaseReset(i int) {
+	if len(h.holding) == 0 {
+		return
+	}
+	i %= len(h.holding)
+	mt := h.holding[i]
+	h.logf("t%d's paused Reset releases", mt.id)
+	mt.hold()
+	mt.hold = nil
+	mt.late = true
+	mt.waits = h.holdsOn(mt.handle)
+	h.holding = slices.Delete(h.holding, i, i+1)
 	h.checkLen()
 }
 
@@ -316,6 +377,9 @@ func (h *relHarness) advance(d time.Duration) {
 	want := map[int]uint64{}  // id -> due tick: must fire
 	maybe := map[int]uint64{} // may fire (past the end of time)
 	for _, mt := range h.m.timers {
+		if mt.hold != nil {
+			continue // a paused Reset holds it: it must not fire
+		}
 		if mt.state == mPending && h.m.due(mt) && !mt.behind() {
 			want[mt.id] = h.m.key(mt)
 		} else if mt.state == mPending && (h.m.maybe(mt) || h.m.due(mt)) {
@@ -350,7 +414,9 @@ func (h *relHarness) advance(d time.Duration) {
 			h.m.timers[id].armed, h.m.timers[id].delay, h.m.now)
 	}
 	for _, mt := range h.m.timers {
-		mt.late = false
+		if mt.hold == nil {
+			mt.late = false
+		}
 	}
 	for _, id := range h.fired {
 		mt := h.m.timers[id]
@@ -389,6 +455,9 @@ func (h *relHarness) checkLen() {
 // finish stops the wheel: its return value is the model's pending count, every handle is inert
 // afterwards, and the counters balance.
 func (h *relHarness) finish() {
+	for len(h.holding) > 0 {
+		h.releaseReset(0) // Wheel.Stop waits for every held entry
+	}
 	for len(h.held) > 0 {
 		h.publish(0) // Wheel.Stop waits for every claimed slot to be published
 	}
@@ -529,7 +598,14 @@ func relRun(t testing.TB, data []byte) {
 				h.stop(int(r.u16()))
 			}
 		case 4:
-			h.reset(int(r.u16()), r.delay(int64(tick)))
+			switch {
+			case op&48 == 48:
+				h.releaseReset(int(r.u8()))
+			case op&32 != 0:
+				h.resetHeld(int(r.u16()), r.delay(int64(tick)))
+			default:
+				h.reset(int(r.u16()), r.delay(int64(tick)))
+			}
 		case 5, 6:
 			h.advance(r.advance(int64(tick)))
 		case 7:
@@ -555,6 +631,10 @@ func relRun(t testing.TB, data []byte) {
 		}
 	}
 	h.advance(r.advance(int64(tick)))
+	for len(h.holding) > 0 {
+		h.releaseReset(0)
+		h.advance(0)
+	}
 	for len(h.held) > 0 {
 		h.publish(0)
 		h.advance(0) // a kick must not fire anything early; the model checks every firing

@@ -85,8 +85,8 @@ type shard struct {
 
 	// Shards are allocated one by one; this keeps the owner's fields above off the cache line
 	// of whatever the allocator puts next, which may be another shard's read-only line. The
-	// 40 bytes round the shard (with the allocator's header) up to whole lines: TestLayout.
-	_ [cacheLineSize + 40]byte
+	// 56 bytes round the shard (with the allocator's header) up to whole lines: TestLayout.
+	_ [cacheLineSize + 56]byte
 }
 
 // shardLine0 and shardLine1 mirror the shard's first fields, only to size the pad after them.
@@ -255,7 +255,7 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 		// and its send lets a Stop's cancel in first. The gen check makes such a late add
 		// harmless. A Reset may hold the entry (resetting): link it at either deadline; its
 		// reset command follows this one and moves it.
-		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isState(w, stResetting)) {
+		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isHeld(w)) {
 			s.tw.insert(i, e, e.when.Load())
 		}
 	case opCancel:
@@ -268,7 +268,7 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 	case opReset:
 		// Stale if the entry fired and was reused since (another gen: not ours to touch), or
 		// fired, or is between the runs of an Every (not linked; its add follows).
-		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isState(w, stResetting)) && e.linked() {
+		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isHeld(w)) && e.linked() {
 			s.tw.unlink(e)
 			s.tw.insert(i, e, e.when.Load())
 		}
@@ -289,11 +289,16 @@ func (s *shard) expire(i uint32, e *entry) {
 	for {
 		w := e.state.Load()
 		if isState(w, stResetting) {
-			// A Reset holds the entry: keep it linked, past this advance (so a stalled Reset
-			// costs one visit per advance, not one per tick); the Reset's command moves it.
-			t := s.tw.target + 1
-			s.tw.link(i, e, t, s.tw.startOf(t))
-			return
+			// A Reset holds the entry, and its new deadline may be anywhere (even before this
+			// advance's reading, or within this tick). Park it (timer.go): no advance visits it
+			// again, so a stalled Reset costs nothing, and the Reset, finding it parked, sends
+			// the command that moves it to its deadline. Not linked at some later tick: a
+			// Reset to a later deadline would send no command and find it there, late.
+			if e.state.CompareAndSwap(w, withState(w, stParked)) {
+				s.tw.park(i, e)
+				return
+			}
+			continue // released meanwhile: look again
 		}
 		if !isState(w, stPending) {
 			return // stopped: its cancel command frees it. dropped: the wheel is going away.
@@ -371,7 +376,7 @@ func dropFrom(e *entry, from uint64) bool {
 	for {
 		w := e.state.Load()
 		switch stateOf(w) {
-		case stResetting:
+		case stResetting, stParked:
 			runtime.Gosched()
 		case from:
 			if e.state.CompareAndSwap(w, withState(w, stDropped)) {

@@ -10,7 +10,7 @@ import (
 // The state word of an entry packs three fields into one uint64 so that every transition is one
 // CAS that also proves the caller holds the current generation:
 //
-//	bits  0..2   state    (free, pending, firing, running, stopped, dropped, resetting)
+//	bits  0..2   state    (free, pending, firing, running, stopped, dropped, resetting, parked)
 //	bits  3..23  version  bumped by every successful Reset (21 bits)
 //	bits 24..63  gen      bumped each time the entry is taken from its slab (40 bits)
 //
@@ -26,8 +26,12 @@ import (
 //	free    -> pending  the producer, on an entry it just took from its slab (a store with the
 //	                    next gen; a freed entry is free, or still stopped if a Stop ended it)
 //	pending -> resetting  Timer.Reset claims the entry, stores the deadline,
-//	resetting -> pending  and releases it with version+1. Meanwhile Stop and Wheel.Stop wait
-//	                      (yield), the shard keeps the entry linked and unfired.
+//	resetting -> pending  and releases it with version+1 (a CAS). Meanwhile Stop and Wheel.Stop
+//	                      wait (yield), the shard keeps the entry linked and unfired.
+//	resetting -> parked   the shard, which found the entry held when its bucket came due: it
+//	                      links it where no advance looks (wheel.park) until the Reset's command
+//	                      moves it. The Reset's release CAS then fails, so it knows to send one.
+//	parked  -> pending    Timer.Reset, releasing it (a store), then sends its reset command
 //	pending -> stopped  Timer.Stop; it then sends a cancel command, and the shard frees the entry
 //	pending -> firing   the shard, when the deadline is due; the entry leaves the wheel
 //	pending -> dropped  Wheel.Stop; nobody frees the entry, the wheel is garbage
@@ -44,6 +48,7 @@ const (
 	stStopped
 	stDropped
 	stResetting
+	stParked // resetting, and parked by the shard: the Reset must send its command (see above)
 
 	stateBits   = 3
 	versionBits = 21
@@ -57,6 +62,7 @@ func stateOf(w uint64) uint64       { return w & stateMask }
 func genOf(w uint64) uint64         { return w >> genShift }
 func isGen(w, gen uint64) bool      { return genOf(w) == gen }
 func isState(w, s uint64) bool      { return stateOf(w) == s }
+func isHeld(w uint64) bool          { return isState(w, stResetting) || isState(w, stParked) }
 func withState(w, s uint64) uint64  { return w&^stateMask | s }
 func bumpVersion(w uint64) uint64   { return w&^versionMask | (w+versionOne)&versionMask }
 func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPending }
@@ -66,7 +72,7 @@ func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPendi
 //
 // Ownership, field by field:
 //   - state: atomic; transitions as in the table above.
-//   - when: atomic; the deadline in ticks. Written by the producer before the entry is published
+//   - when: atomic; the deadline in nanoseconds on the wheel's clock. Written by the producer before the entry is published
 //     and by Timer.Reset; read by the shard that holds the entry. While the entry is free it is
 //     the free stack's link instead (pool.go).
 //   - f, arg: written by the producer before the entry is published through the ring (the ring's
@@ -76,10 +82,11 @@ func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPendi
 //   - next, prev: the entry's links in its bucket lane (wheel.go), by slab index; owned by the
 //     shard goroutine (whoever holds shard.mu). prev is 0 exactly when the entry is not linked.
 //
-// Invariant while linked: the entry's bucket starts at or before when, so the shard visits it
-// no later than its deadline. Reset keeps it: a Reset that lowers when sends a reset command
-// that moves the entry up; one that raises when sends none, and shard.expire re-inserts the
-// entry at its new deadline when the old bucket comes due.
+// Invariant while linked: the entry's bucket comes due at or before when, so the shard visits it
+// no later than its deadline; or it is parked (stParked), and a reset command is on its way.
+// Reset keeps it: a Reset that lowers when sends a reset command that moves the entry up; one
+// that raises when sends none, and shard.expire re-inserts the entry at its new deadline when
+// the old bucket comes due, unless the shard parked it meanwhile: then it sends one too.
 //
 // 48 bytes, with no padding: a million pending timers are 48 MB of entries.
 type entry struct {
@@ -124,7 +131,7 @@ func (t Timer) Stop() bool {
 			return false
 		}
 		switch stateOf(w) {
-		case stResetting:
+		case stResetting, stParked:
 			runtime.Gosched() // a Reset holds the entry for two stores
 		case stPending, stFiring, stRunning:
 			if !e.state.CompareAndSwap(w, withState(w, stStopped)) {
@@ -166,40 +173,58 @@ func (t Timer) Reset(d time.Duration) bool {
 	}
 	e := s.slab.at(t.i)
 	when := s.w.deadline(d)
+	w, ok := t.claim(e)
+	if !ok {
+		return false
+	}
+	t.release(e, w, when)
+	return true
+}
+
+// claim is Reset's step 1: it moves the entry from pending to resetting (waiting while another
+// Reset holds it) and returns the word it claimed from, or false if the timer is not pending.
+// From here until release nobody fires, stops, drops or frees the entry, so the deadline lands on
+// this timer and never on a later owner of the entry.
+func (t Timer) claim(e *entry) (uint64, bool) {
 	for {
 		w := e.state.Load()
 		if !isGen(w, t.gen) {
-			return false
+			return 0, false
 		}
-		if isState(w, stResetting) {
+		if isHeld(w) {
 			runtime.Gosched() // another Reset of this timer holds it
 			continue
 		}
 		if !isState(w, stPending) {
-			return false
+			return 0, false
 		}
-		// 1. Claim the entry: from here until step 3 nobody fires, stops, drops or frees it,
-		// so the deadline lands on this timer and never on a later owner of the entry.
-		// 2. Store the deadline. 3. Release it with a new version: a shard that read the old
-		// word and then the old deadline CASes that old word and fails, so it never fires on a
-		// deadline that a Reset was replacing, and never misses the new one.
 		if e.state.CompareAndSwap(w, withState(w, stResetting)) {
-			old := e.when.Load()
-			e.when.Store(when)
-			e.state.Store(bumpVersion(w))
-			if when >= old {
-				// 4. Later (a keep-alive): the entry stays where it is linked, which is never
-				// after its deadline; when that bucket comes due the shard finds the new
-				// deadline and re-inserts it (shard.expire). No command, as go-zero defers
-				// its moves until the slot is scanned.
-				return true
-			}
-			break
+			return w, true
 		}
 	}
-	// 4. Earlier: tell the shard to move the entry up; a stale command (the timer fired
-	// meanwhile and the entry was reused) carries the old gen and is ignored.
-	s.send(t.i, t.gen, opReset)
-	s.noteDeadline(when)
-	return true
+}
+
+// release is the rest of Reset, on an entry claimed from word w. 2. Store the deadline. 3. Release
+// it with a new version: a shard that read the old word and then the old deadline CASes that old
+// word and fails, so it never fires on a deadline that a Reset was replacing, and never misses
+// the new one. 4. Tell the shard, unless the entry can stay where it is.
+func (t Timer) release(e *entry, w uint64, when int64) {
+	old := e.when.Load()
+	e.when.Store(when)
+	// 3. The CAS fails only if the shard parked the entry meanwhile (the one move another
+	// goroutine may make on a held entry); then only a command brings it back.
+	parked := !e.state.CompareAndSwap(withState(w, stResetting), bumpVersion(w))
+	if parked {
+		e.state.Store(bumpVersion(w))
+	}
+	if when >= old && !parked {
+		// 4. Later (a keep-alive): the entry stays where it is linked, which is never after its
+		// deadline; when that bucket comes due the shard finds the new deadline and re-inserts
+		// it (shard.expire). No command, as go-zero defers its moves until the slot is scanned.
+		return
+	}
+	// 4. Earlier, or parked: tell the shard to move the entry to its deadline; a stale command
+	// (the timer fired meanwhile and the entry was reused) carries the old gen and is ignored.
+	t.s.send(t.i, t.gen, opReset)
+	t.s.noteDeadline(when)
 }

@@ -52,6 +52,7 @@ const (
 	wheelSpan  = int64(1) << wheelBits
 	overflowLv = numLevels     // the level index of the parking bucket
 	soonLv     = numLevels + 1 // the level in a laneRef to a soon bucket (slot 0 or 1); not in buckets
+	heldLv     = numLevels + 2 // the level in a laneRef to the held bucket (slot 0); not in buckets
 
 	// Each bucket is laneCount independent lists, filled round-robin. Taking a bucket walks
 	// its lanes side by side, so the loads of laneCount next pointers are in flight at once:
@@ -145,8 +146,11 @@ type wheel struct {
 	soon     [2]bucket
 	soonMin  [2]int64
 	soonFill uint8
-	heap     bucketHeap
-	slab     *slab // where linked indices point; the shard's
+	// held holds the entries that an advance found held by a Reset (parked, timer.go): no
+	// advance takes it; each such Reset sends a command that moves its entry out.
+	held bucket
+	heap bucketHeap
+	slab *slab // where linked indices point; the shard's
 
 	tick      int64 // nanoseconds per tick; immutable
 	lastStart int64 // the last tick whose start is below the end of time, math.MaxInt64/tick; immutable
@@ -173,8 +177,11 @@ func (w *wheel) startOf(t int64) int64 {
 
 // bucketAt returns the bucket a laneRef's level and slot name.
 func (w *wheel) bucketAt(lv, sl int) *bucket {
-	if lv == soonLv {
+	switch lv {
+	case soonLv:
 		return &w.soon[sl]
+	case heldLv:
+		return &w.held
 	}
 	return &w.buckets[lv][sl]
 }
@@ -241,6 +248,9 @@ func (w *wheel) straggle(i uint32, e *entry, when int64) {
 	w.push(b, soonLv, int(f), i, e)
 }
 
+// park links e, with index i, an entry that a Reset holds, into the held bucket.
+func (w *wheel) park(i uint32, e *entry) { w.push(&w.held, heldLv, 0, i, e) }
+
 // unlink removes a linked entry from its bucket in O(1). The bucket's heap node stays and is
 // discarded when it reaches the top.
 func (w *wheel) unlink(e *entry) {
@@ -249,7 +259,7 @@ func (w *wheel) unlink(e *entry) {
 		lv, sl, ln := laneOf(p)
 		b := w.bucketAt(lv, sl)
 		b.lanes[ln] = n
-		if n == 0 && lv != soonLv && b.empty() {
+		if n == 0 && lv <= overflowLv && b.empty() {
 			w.occupied[lv] &^= 1 << uint(sl)
 		}
 	} else {
@@ -493,8 +503,8 @@ func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry
 // forEach calls fn for every linked entry. Used by Wheel.Stop and tests. It visits only the
 // buckets whose occupied bit is set (a shard's wheel has hundreds of buckets, mostly empty).
 func (w *wheel) forEach(fn func(e *entry)) {
-	for f := range w.soon {
-		for _, h := range w.soon[f].lanes {
+	for _, b := range []*bucket{&w.soon[0], &w.soon[1], &w.held} {
+		for _, h := range b.lanes {
 			for i := h; i != 0; {
 				e := w.slab.at(i)
 				i = e.next
@@ -590,6 +600,17 @@ func (w *wheel) verify() error {
 				prev, i = i, e.next
 				n++
 			}
+		}
+	}
+	for ln, h := range w.held.lanes {
+		prev := laneRef(heldLv, 0, uint8(ln))
+		for i := h; i != 0; {
+			e := w.slab.at(i)
+			if i&laneBit != 0 || e.prev != prev {
+				return fmt.Errorf("held lane %d: entry links wrong", ln)
+			}
+			prev, i = i, e.next
+			n++
 		}
 	}
 	if n != w.count {

@@ -1,0 +1,253 @@
+package shardwheel
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// rwHarness drives a bare wheel as a shard does (shard.expire without the state word), with
+// deadlines that may be raised in place (a Reset to a later deadline: no command), lowered (a
+// Reset command: unlink and insert), inserted late (a command that waited in the ring), or
+// unlinked (a Stop's cancel).
+type rwHarness struct {
+	w       wheel
+	sl      slab
+	idx     map[int]uint32
+	when    map[int]int64
+	fired   map[int]int64 // id -> the reading it fired at
+	firedAt []int
+}
+
+func newRW(elapsed, tick, grain int64) *rwHarness {
+	h := &rwHarness{idx: map[int]uint32{}, when: map[int]int64{}, fired: map[int]int64{}}
+	h.w.init(elapsed, tick, grain, &h.sl)
+	return h
+}
+
+func (h *rwHarness) insert(id int, when int64) {
+	i, e := h.sl.alloc()
+	e.arg = id
+	e.when.Store(when)
+	h.idx[id] = i
+	h.when[id] = when
+	h.w.insert(i, e, when)
+}
+
+func (h *rwHarness) raise(id int, when int64) { // Reset later: no command
+	e := h.sl.at(h.idx[id])
+	e.when.Store(when)
+	h.when[id] = when
+}
+
+func (h *rwHarness) lower(id int, when int64) { // Reset earlier: a reset command
+	i := h.idx[id]
+	e := h.sl.at(i)
+	e.when.Store(when)
+	h.when[id] = when
+	h.w.unlink(e)
+	h.w.insert(i, e, when)
+}
+
+func (h *rwHarness) unlink(id int) {
+	i := h.idx[id]
+	e := h.sl.at(i)
+	h.w.unlink(e)
+	h.sl.freeEntry(i, e)
+	delete(h.idx, id)
+	delete(h.when, id)
+}
+
+func (h *rwHarness) advance(now int64, budget int) bool {
+	return h.w.advance(now, func(i uint32, e *entry) {
+		when := e.when.Load()
+		if t := when / h.w.tick; t > h.w.elapsed {
+			h.w.link(i, e, t, when)
+			return
+		}
+		if when > h.w.now {
+			h.w.straggle(i, e, when)
+			return
+		}
+		id := e.arg.(int)
+		if when > now {
+			panic("early")
+		}
+		h.fired[id] = h.w.now
+		h.firedAt = append(h.firedAt, id)
+		delete(h.idx, id)
+		delete(h.when, id)
+		h.sl.freeEntry(i, e)
+	}, budget)
+}
+
+// TestWheelExactResets: a random model of a shard's wheel with late inserts (already due,
+// clamped to elapsed), Resets both ways (raised in place with no command, lowered by unlink and
+// insert, also of entries waiting in a soon bucket), cancels and budgeted advances, at ticks of
+// 1 ns, 1000 ns and 2^20 ns. Checks never early, nothing due left after a completed advance, a
+// next wake after now and no later than the earliest pending deadline rounded up to the grain,
+// that every budgeted advance finishes, and the invariants. (Written by this change's review.)
+func TestWheelExactResets(t *testing.T) {
+	for _, tc := range []struct{ tick, grain int64 }{{1000, 1}, {1000, 64}, {1, 1}, {1 << 20, 1 << 16}} {
+		rng := rand.New(rand.NewPCG(uint64(tc.tick), uint64(tc.grain)))
+		for round := 0; round < 40; round++ {
+			start := rng.Int64N(1 << 30)
+			h := newRW(start, tc.tick, tc.grain)
+			now := start * tc.tick
+			id := 0
+			span := []int64{2, 70, 5000, 1 << 20}[rng.IntN(4)] * tc.tick
+			for step := 0; step < 400; step++ {
+				// Arms and re-arms.
+				for k := rng.IntN(6); k > 0; k-- {
+					switch rng.IntN(5) {
+					case 0, 1:
+						h.insert(id, now+rng.Int64N(span))
+						id++
+					case 2: // a command that waited in the ring: due already
+						h.insert(id, max(0, now-rng.Int64N(3*tc.tick)))
+						id++
+					case 3:
+						for x, wh := range h.when {
+							if rng.IntN(2) == 0 {
+								h.raise(x, wh+rng.Int64N(span))
+							} else {
+								h.lower(x, max(now, wh-rng.Int64N(span)))
+							}
+							break
+						}
+					case 4:
+						for x := range h.when {
+							h.unlink(x)
+							break
+						}
+					}
+				}
+				if err := h.w.verify(); err != nil {
+					t.Fatalf("tick %d grain %d round %d step %d: %v", tc.tick, tc.grain, round, step, err)
+				}
+				switch rng.IntN(3) {
+				case 0:
+					if n := h.w.nextDue(); n != never {
+						now = max(now, n)
+					}
+				default:
+					now += rng.Int64N(2 * tc.tick)
+				}
+				budget := []int{0, 1, 2, 7, 50}[rng.IntN(5)]
+				for steps := 0; !h.advance(now, budget); steps++ {
+					if err := h.w.verify(); err != nil {
+						t.Fatalf("tick %d grain %d round %d step %d: budgeted: %v", tc.tick, tc.grain, round, step, err)
+					}
+					if steps > 1e6 {
+						t.Fatalf("budgeted advance does not progress")
+					}
+				}
+				first := int64(math.MaxInt64)
+				for x, wh := range h.when {
+					if wh <= now {
+						t.Fatalf("tick %d grain %d round %d step %d: entry %d due %d left after advance to %d", tc.tick, tc.grain, round, step, x, wh, now)
+					}
+					first = min(first, wh)
+				}
+				if len(h.when) > 0 {
+					n := h.w.nextDue()
+					if n <= now {
+						// Only a raised (stale) bound may do that; advancing there must progress.
+						continue
+					}
+					if lim := (first + tc.grain - 1) / tc.grain * tc.grain; n > lim {
+						t.Fatalf("tick %d grain %d round %d step %d: next due %d after earliest deadline %d (now %d)", tc.tick, tc.grain, round, step, n, first, now)
+					}
+				}
+			}
+		}
+	}
+}
+
+// holdReset is Timer.Reset(d) paused right after its claim (pending -> resetting), as
+// preemption or a GC assist can pause it: it has read the clock (the new deadline) and holds
+// the entry. finish is the rest of Reset: the store of the deadline, the release with a new
+// version, and the command if the deadline is earlier.
+// holdReset starts a Reset of tm to d from now and pauses it between its claim and its release,
+// Reset's own two steps: finish runs the release. Meanwhile the entry is held (resetting).
+func holdReset(t *testing.T, tm Timer, d time.Duration) (finish func()) {
+	t.Helper()
+	e := tm.s.slab.at(tm.i)
+	when := tm.s.w.deadline(d)
+	w, ok := tm.claim(e)
+	require.True(t, ok, "timer not pending")
+	return func() { tm.release(e, w, when) }
+}
+
+// TestResetHeldAcrossAdvance: a Reset paused between its claim and its release while an Advance
+// meets the entry (an advance must neither fire it on the deadline being replaced nor lose it).
+// The shard parks it and the Reset, finding it parked, sends the command that moves it to its new
+// deadline, also when that deadline is later than the old one, inside the tick in progress
+// (found by review: the shard used to link it at the next tick's start and the later Reset sent
+// no command, so it fired a tick late and Advance returned with it due), or earlier.
+func TestResetHeldAcrossAdvance(t *testing.T) {
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		reset time.Duration // at 0.2 ms
+		due   time.Duration
+	}{
+		{"later, in the tick", 500 * time.Microsecond, 700 * time.Microsecond},
+		{"later, next tick", 1200 * time.Microsecond, 1400 * time.Microsecond},
+		{"earlier", 100 * time.Microsecond, 300 * time.Microsecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := NewManualClock(time.Unix(0, 0))
+			w, err := New(WithClock(clk), WithWorkers(0), WithShards(1), WithTick(ms))
+			require.NoError(t, err)
+			defer w.Stop()
+			var firedAt time.Duration = -1
+			tm, err := w.AfterFunc(500*time.Microsecond, func() { firedAt = clk.Now().Sub(time.Unix(0, 0)) })
+			require.NoError(t, err)
+			clk.Advance(200 * time.Microsecond)
+			finish := holdReset(t, tm, tc.reset)
+			clk.Advance(300 * time.Microsecond) // 0.5 ms: the old deadline; the entry is held
+			require.Equal(t, time.Duration(-1), firedAt, "fired while a Reset held it")
+			finish()
+			require.NoError(t, w.Verify())
+			if tc.due <= 500*time.Microsecond {
+				clk.Advance(0) // due already: the next Advance fires it
+				require.Equal(t, 500*time.Microsecond, firedAt)
+				return
+			}
+			clk.Advance(tc.due - 500*time.Microsecond - 1)
+			require.Equal(t, time.Duration(-1), firedAt, "fired before its new deadline")
+			clk.Advance(1)
+			require.Equal(t, tc.due, firedAt, "not fired at its new deadline")
+		})
+	}
+}
+
+// TestResetHeldAtEndOfTime: the same held Reset at the end of time, with a 1 ms and a 1 ns tick.
+// Found by review (older than exact deadlines): the shard linked the held entry at tick
+// target+1, past the last tick that starts before the end of time, a bucket no advance takes, and
+// the Reset (to a later deadline) sent no command: the timer was never fired. With a 1 ns tick
+// target+1 overflowed and the advance went round on the held entry until the Reset finished.
+func TestResetHeldAtEndOfTime(t *testing.T) {
+	for _, tick := range []time.Duration{time.Millisecond, 1} {
+		t.Run(tick.String(), func(t *testing.T) {
+			clk := NewManualClock(time.Unix(0, 0))
+			w, err := New(WithClock(clk), WithWorkers(0), WithShards(1), WithTick(tick))
+			require.NoError(t, err)
+			defer w.Stop()
+			fired := 0
+			tm, err := w.AfterFunc(math.MaxInt64-10, func() { fired++ })
+			require.NoError(t, err)
+			finish := holdReset(t, tm, math.MaxInt64) // due at the end of time: later than before
+			clk.Advance(math.MaxInt64)                // the end of time; the advance meets the held entry
+			require.Zero(t, fired, "fired while a Reset held it")
+			finish()
+			clk.Advance(0)
+			require.Equal(t, 1, fired, "due at the end of time, the clock there, not fired")
+			require.Zero(t, w.Len())
+		})
+	}
+}
