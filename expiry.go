@@ -291,7 +291,15 @@ func (w *Wheel) releaseLater(wk *worker, now, next, first int64) {
 		return
 	default:
 	}
-	// 3. Otherwise the watchdog, or a nudge now if the moment has come already.
+	// 3. A producer that noted a deadline after collect read its group and before the store
+	//    in 1 read awake and did not signal: read every group once more (its g.next store came
+	//    before its read of target, this read after the store of target: one of the two sees
+	//    the other). Found by review; without it such a deadline waited for the watchdog.
+	if w.minGroups() < at {
+		w.nudgeIdle()
+		return
+	}
+	// 4. Otherwise the watchdog, or a nudge now if the moment has come already.
 	d := time.Duration(at - w.nanos())
 	if d <= 0 {
 		w.nudgeIdle()

@@ -253,8 +253,9 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 		// before it returns the Timer). An Every's re-arm may come after its cancel, and even
 		// after the entry was freed and armed again: a worker paused between its CAS to pending
 		// and its send lets a Stop's cancel in first. The gen check makes such a late add
-		// harmless. A Reset may hold the entry (resetting): link it at either deadline; its
-		// reset command follows this one and moves it.
+		// harmless. A Reset may hold the entry (resetting): link it at either deadline, both
+		// safe (a Reset to an earlier one sends a reset command, which follows this one and
+		// moves the entry; a later one leaves it to expire).
 		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isHeld(w)) {
 			s.tw.insert(i, e, e.when.Load())
 		}
@@ -267,8 +268,11 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 		s.freed.add(&s.slab, i, e)
 	case opReset:
 		// Stale if the entry fired and was reused since (another gen: not ours to touch), or
-		// fired, or is between the runs of an Every (not linked; its add follows).
-		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isHeld(w)) && e.linked() {
+		// fired, or is between the runs of an Every (not linked; its add follows). Not for a
+		// parked entry, even if this is its gen: that is an earlier Reset's command, and the
+		// entry stays in the held bucket until the Reset that parked it sends its own (moved
+		// now, it could be taken while still parked, and expire would drop it: found by review).
+		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isState(w, stResetting)) && e.linked() {
 			s.tw.unlink(e)
 			s.tw.insert(i, e, e.when.Load())
 		}
@@ -299,6 +303,10 @@ func (s *shard) expire(i uint32, e *entry) {
 				return
 			}
 			continue // released meanwhile: look again
+		}
+		if isState(w, stParked) {
+			s.tw.park(i, e) // never here (a parked entry stays held); kept linked if it were
+			return
 		}
 		if !isState(w, stPending) {
 			return // stopped: its cancel command frees it. dropped: the wheel is going away.

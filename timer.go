@@ -83,7 +83,8 @@ func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPendi
 //     shard goroutine (whoever holds shard.mu). prev is 0 exactly when the entry is not linked.
 //
 // Invariant while linked: the entry's bucket comes due at or before when, so the shard visits it
-// no later than its deadline; or it is parked (stParked), and a reset command is on its way.
+// no later than its deadline; or it is in the held bucket, where the shard parked it, and the
+// Reset that found it parked (or, once that Reset released it, its command) moves it.
 // Reset keeps it: a Reset that lowers when sends a reset command that moves the entry up; one
 // that raises when sends none, and shard.expire re-inserts the entry at its new deadline when
 // the old bucket comes due, unless the shard parked it meanwhile: then it sends one too.

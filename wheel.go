@@ -131,7 +131,7 @@ type wheel struct {
 	target   int64                           // the tick the running advance goes to (only meaningful during advance)
 	now      int64                           // the reading (ns) the running advance goes to (only meaningful during advance)
 	elapsed  int64                           // ticks processed; never decreases
-	count    int                             // entries linked, soon buckets included
+	count    int                             // entries linked, soon and held buckets included
 	lane     uint8                           // the lane the next insert uses
 	occupied [numLevels + 1]uint64           // bit s of level l set iff buckets[l][s] is non-empty
 	buckets  [numLevels + 1][numSlots]bucket // level overflowLv uses slot 0 only
@@ -192,8 +192,8 @@ func (w *wheel) bucketAt(lv, sl int) *bucket {
 // advance takes first.
 func (w *wheel) insert(i uint32, e *entry, when int64) { w.link(i, e, when/w.tick, when) }
 
-// link is insert at tick t, with when the earliest moment in t that the entry may be due (its
-// deadline; the start of t for an entry parked there by expire).
+// link is insert at tick t, with when the entry's deadline (or any earlier moment in t: the
+// bucket's bound, min0, is lowered to it).
 func (w *wheel) link(i uint32, e *entry, t, when int64) {
 	if t < w.elapsed {
 		t = w.elapsed
@@ -500,8 +500,9 @@ func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry
 	return taken
 }
 
-// forEach calls fn for every linked entry. Used by Wheel.Stop and tests. It visits only the
-// buckets whose occupied bit is set (a shard's wheel has hundreds of buckets, mostly empty).
+// forEach calls fn for every linked entry. Used by Wheel.Stop and tests. It visits the soon and
+// held buckets, and of the levels only the buckets whose occupied bit is set (a shard's wheel has
+// hundreds of buckets, mostly empty).
 func (w *wheel) forEach(fn func(e *entry)) {
 	for _, b := range []*bucket{&w.soon[0], &w.soon[1], &w.held} {
 		for _, h := range b.lanes {
