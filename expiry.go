@@ -38,9 +38,13 @@ import (
 // With a manual clock there is no keeper: ManualClock.Advance advances every shard on its
 // caller's goroutine (clock.go) and the workers only run the chunks it dispatches.
 
-// testHookReleased and testHookSleep, set only by tests, run in releaseLater right after the
-// role is let go, and in keep right before the keeper's select: a goroutine paused there.
-var testHookReleased, testHookSleep func(*Wheel)
+// testHookReleased, testHookSleep and testHookCollected, set only by tests, run in releaseLater
+// right after the role is let go, in keep right before the keeper's select, and in keep right
+// after collect claimed something due (with what it claimed): a goroutine paused there.
+var (
+	testHookReleased, testHookSleep func(*Wheel)
+	testHookCollected               func(w *Wheel, due []*shard)
+)
 
 // groupSize is the most shards one group summarises.
 const groupSize = 64
@@ -171,6 +175,9 @@ func (w *Wheel) keep(wk *worker) {
 		trimAt := w.trimIdle(now)
 		var next, first int64
 		if wk.due, next, first = w.collect(now, wk.due[:0]); len(wk.due) > 0 {
+			if testHookCollected != nil {
+				testHookCollected(w, wk.due) // tests only: paused between collect and the release
+			}
 			if len(wk.due) > 1 {
 				w.release()
 			} else {

@@ -234,3 +234,41 @@ func TestExpiryReleaseLaterLeavesWakeToTheKeeper(t *testing.T) {
 		require.LessOrEqual(t, got, 10*time.Millisecond, "the 5ms timer fired after %v", got)
 	})
 }
+
+// TestExpiryDeadlineNotedWhileKeeperReleases (a review's finding): the keeper claims one due
+// shard and, between collect and releaseLater's store of target, a producer arms an earlier
+// deadline on another shard. That producer reads target awake and does not signal; the keeper's
+// callback then blocks (one callback: no hurry), so nobody would keep time until the watchdog, a
+// tick later. releaseLater reads every group once more after its store and nudges the other
+// worker, which fires the new timer on time.
+func TestExpiryDeadlineNotedWhileKeeperReleases(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		block := make(chan struct{})
+		var (
+			once    atomic.Bool
+			armedAt time.Time
+			firedAt atomic.Int64
+		)
+		var w *Wheel
+		start := time.Now()
+		testHookCollected = func(_ *Wheel, due []*shard) {
+			if time.Since(start) >= time.Second && len(due) == 1 && once.CompareAndSwap(false, true) { // the wake for shard 0's timer
+				armedAt = time.Now()
+				armOn(t, w, 1, 100*time.Microsecond, func(any) { firedAt.Store(int64(time.Since(armedAt))) }, nil)
+			}
+		}
+		defer func() { testHookCollected = nil }()
+		var err error
+		w, err = New(WithWorkers(2), WithShards(2), WithTick(time.Millisecond))
+		require.NoError(t, err)
+		defer w.Stop()
+		armOn(t, w, 1, time.Hour, func(any) {}, nil)            // shard 1's slab has grown: no grow signal later
+		armOn(t, w, 0, time.Second, func(any) { <-block }, nil) // the keeper blocks in it
+		time.Sleep(time.Second + 10*time.Millisecond)
+		got := time.Duration(firedAt.Load())
+		close(block)
+		require.True(t, once.Load(), "the hook never ran")
+		require.NotZero(t, got, "the 100µs timer never fired")
+		require.Less(t, got, 500*time.Microsecond, "the 100µs timer waited for the watchdog: fired %v after it was armed", got)
+	})
+}
