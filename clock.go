@@ -56,9 +56,8 @@ func (c *ManualClock) Now() time.Time { return c.start.Add(time.Duration(c.elaps
 func (c *ManualClock) isClock() {}
 
 // Advance moves the clock forward by d and, before it returns, dispatches every timer of every
-// wheel on this clock whose deadline is at or before the new time, in order of deadline (ties in
-// any order; the contract promises the order of deadlines rounded to the tick, and deadlines are
-// exact). With WithWorkers(0) those callbacks have also run, on this
+// wheel on this clock whose deadline is at or before the new time, in order of deadline rounded
+// up to the tick (ties in any order). With WithWorkers(0) those callbacks have also run, on this
 // goroutine. Advance(0) dispatches timers that are already due (d <= 0). A jump of years costs
 // one step per non-empty bucket, not per tick. The clock saturates at math.MaxInt64 nanoseconds
 // past its start, the end of time, where every timer is due.
@@ -183,8 +182,12 @@ func (w *Wheel) advanceManual() {
 }
 
 // advance fires every timer due by the manual clock's time. Each round reads the clock, takes
-// the earliest instant m that any shard may have due, advances every shard whose next is m to m,
-// and dispatches what fired; so timers fire in order of their deadline across shards. A round that
+// the earliest instant m that any shard may have due, rounds it up to the tick (r, or the clock's
+// time if that is sooner), advances every shard whose next is at or before r to r, and dispatches
+// what fired; so timers fire in order of their deadline rounded up to the tick across shards (m
+// is a lower bound of every pending deadline, so all that a round fires round up to r's tick).
+// One round per tick, not per deadline: deadlines are exact, and a round per distinct deadline
+// made an Advance over 100k timers spread over 100 ms about 20x slower. A round that
 // finds nothing (a stale next) costs one lock per such shard; none are taken when nothing is
 // due. Only the manual advancer (Advance under advMu) calls it; the system clock's expiry side
 // is expiry.go.
@@ -204,12 +207,13 @@ func (w *Wheel) advance(onWorker bool) {
 			return
 		}
 		lastNow, lastM = now, m
+		r := min(now, w.roundUpToTick(m))
 		for _, s := range w.shards {
-			if s.next.Load() > m {
+			if s.next.Load() > r {
 				continue
 			}
 			s.mu.Lock()
-			s.advanceLocked(m, 0)
+			s.advanceLocked(r, 0)
 			w.batch = append(w.batch, s.fired...)
 			clear(s.fired)
 			s.fired = s.fired[:0]
@@ -227,6 +231,16 @@ func (w *Wheel) advance(onWorker bool) {
 			return // Stop drops what is left
 		}
 	}
+}
+
+// roundUpToTick returns the instant at which the tick that deadline t rounds up to begins
+// (t itself on a tick boundary), saturating at the end of time.
+func (w *Wheel) roundUpToTick(t int64) int64 {
+	k := t / w.tick
+	if t%w.tick != 0 {
+		k++
+	}
+	return w.tickStart(k)
 }
 
 // minNext returns the earliest next over all shards.

@@ -85,15 +85,14 @@ func (m *model) endTick() uint64 {
 	return uint64(math.MaxInt64)/uint64(m.tick) + 1 // MaxInt64 is never a whole number of ticks here
 }
 
-// key is the tick a pending timer is due at, for checking the order of firing within an Advance.
+// key is a pending timer's deadline rounded up to the tick, for checking the order of firing
+// within an Advance (the contract orders by that; ties in any order). A d <= 0 timer's deadline
+// is the instant it was armed at.
 func (m *model) key(t *mTimer) uint64 {
-	if t.delay <= 0 {
-		if t.armed == math.MaxInt64 {
-			return m.endTick()
-		}
-		return uint64(t.armed) / uint64(m.tick)
+	target := uint64(t.armed) // < 2^64: no overflow in uint64
+	if t.delay > 0 {
+		target += uint64(t.delay)
 	}
-	target := uint64(t.armed) + uint64(t.delay) // < 2^64: no overflow in uint64
 	if target >= math.MaxInt64 {
 		return m.endTick()
 	}

@@ -194,11 +194,7 @@ func (w *Wheel) runRefs(refs []ref, wk *worker) {
 // are exact, so most start within their tick) or for a deadline at the end of time, which
 // tickStart saturates.
 func (w *Wheel) lateness(now, when int64) time.Duration {
-	t := when / w.tick
-	if when%w.tick != 0 {
-		t++
-	}
-	return time.Duration(max(0, now-w.tickStart(t)))
+	return time.Duration(max(0, now-w.roundUpToTick(when)))
 }
 
 // runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry is freed
