@@ -258,19 +258,25 @@ func (w *Wheel) release() {
 	w.nudgeIdle()
 }
 
-// releaseLater lets go of the keeper role like release, but nudges nobody yet: it arms the
-// worker's watchdog to nudge an idle worker at the keeper's next target or a tick after first,
-// the deadline that made the shard due, whichever is sooner (the first whole number of ticks
-// after first that is after now, if the wake came that late), if the role is still free then.
-// Ticks after first, not after now: an Every(tick)'s next run is due whole intervals after the
-// run it re-arms from, and a watchdog later than that would have the re-arm signal, waking a
-// second goroutine every run. Less one grain (tick/grainsPerTick) if that is still after now,
-// since the shard's next may have been rounded up past the deadline (wheel.nextDue). The keeper calls it when one shard is due:
-// its advance is usually over well within a tick, and keep then takes the role back, so a wake
-// costs one goroutine wake-up, not two. If the advance or its callbacks run longer, the watchdog
-// hands time over as release would have. A deadline earlier than the watchdog that a producer
-// notes meanwhile (AfterFunc(0), say) does not wait for it: target holds the watchdog's moment, so
-// the producer signals, and signal nudges while the role is free. A step that leaves more to do,
+// releaseLater lets go of the keeper role like release, but, unless something earlier than its
+// watchdog is already known (steps 2 and 3), nudges nobody yet: it arms the worker's watchdog to
+// nudge an idle worker at the keeper's next target or a tick after first, the deadline that made
+// the shard due, whichever is sooner (the first whole number of ticks after first that is after
+// now, if the wake came that late), if the role is still free then. Ticks after first, not after
+// now: an Every(tick)'s next run is due whole intervals after the run it re-arms from, and a
+// watchdog later than that would have the re-arm signal, waking a second goroutine every run.
+// Less one grain (tick/grainsPerTick) if that is still after now, since the shard's next may have
+// been rounded up past the deadline (wheel.nextDue).
+//
+// The keeper calls it when one shard is due: its advance is usually over well within a tick, and
+// keep then takes the role back, so a wake costs one goroutine wake-up, not two. If the advance
+// or its callbacks run longer, the watchdog hands time over as release would have. A deadline
+// earlier than the watchdog does not wait for it: one noted before collect read its group is in
+// next; one noted between that read and the store of target is seen by step 3's read of the
+// groups; one noted after that store signals (target holds the watchdog's moment), and signal
+// nudges while the role is free, or step 2 does for a producer that still saw the role held.
+// Steps 2 and 3 nudge and return without a watchdog: the nudge comes after the role is free, so
+// the worker that takes the token tries for the role after that. A step that leaves more to do,
 // or fires more than a few callbacks, hands the role over at once (hurry).
 func (w *Wheel) releaseLater(wk *worker, now, next, first int64) {
 	// 1. target before the role is free: a producer that reads it and finds its deadline

@@ -175,9 +175,11 @@ func (s *shard) kick() { s.noteDeadline(0) }
 //     every g.next once more. If this producer read an older target, its CAS on g.next came
 //     before that second read, which sees it; otherwise it reads the final target and signals
 //     if it is earlier. While nobody keeps time the target is awake and nobody is signalled:
-//     the next keeper reads every g.next before it sleeps. After releaseLater the target is the
-//     watchdog's moment instead, and signal nudges an idle worker while the role is free (or
-//     releaseLater does, finding the token of a producer that saw the role still held).
+//     the next keeper reads every g.next before it sleeps. While a keeper is awake the target is
+//     awake too; if it goes on to releaseLater, that stores the watchdog's moment in target and
+//     then reads every g.next once more, so a producer that read awake in between is seen there
+//     (and one that read the watchdog's moment signals; signal nudges an idle worker while the
+//     role is free, or releaseLater does, finding the token of a producer that saw it held).
 //
 // The common case, a deadline no earlier than the shard's next, is the first load of lowerTo,
 // done here so that it inlines into every arm; lowerDeadline is the rest.
