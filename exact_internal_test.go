@@ -1,6 +1,7 @@
 package shardwheel
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -9,141 +10,108 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// rwHarness drives a bare wheel as a shard does (shard.expire without the state word), with
-// deadlines that may be raised in place (a Reset to a later deadline: no command), lowered (a
-// Reset command: unlink and insert), inserted late (a command that waited in the ring), or
-// unlinked (a Stop's cancel).
+// rwHarness drives a bare wheel as a shard does (TestWheel: shard.expire without the state word),
+// with deadlines that may be raised in place (a Reset to a later deadline: no command), lowered
+// (a Reset command: unlink and insert), inserted late (a command that waited in the ring), or
+// unlinked (a Stop's cancel); when holds the pending entries' deadlines.
 type rwHarness struct {
-	w       wheel
-	sl      slab
-	idx     map[int]uint32
-	when    map[int]int64
-	fired   map[int]int64 // id -> the reading it fired at
-	firedAt []int
+	*TestWheel
+	when map[int]int64
 }
 
 func newRW(elapsed, tick, grain int64) *rwHarness {
-	h := &rwHarness{idx: map[int]uint32{}, when: map[int]int64{}, fired: map[int]int64{}}
-	h.w.init(elapsed, tick, grain, &h.sl)
-	return h
+	return &rwHarness{TestWheel: NewTestWheelTick(elapsed, tick, grain), when: map[int]int64{}}
 }
 
-func (h *rwHarness) insert(id int, when int64) {
-	i, e := h.sl.alloc()
-	e.arg = id
-	e.when.Store(when)
-	h.idx[id] = i
-	h.when[id] = when
-	h.w.insert(i, e, when)
-}
+func (h *rwHarness) insert(id int, when int64) { h.Insert(id, when); h.when[id] = when }
+func (h *rwHarness) lower(id int, when int64)  { h.Move(id, when); h.when[id] = when } // a reset command
+func (h *rwHarness) unlink(id int)             { h.Unlink(id); delete(h.when, id) }
 
-func (h *rwHarness) raise(id int, when int64) { // Reset later: no command
-	e := h.sl.at(h.idx[id])
-	e.when.Store(when)
+// raise is a Reset to a later deadline: no command, the entry stays where it is linked.
+func (h *rwHarness) raise(id int, when int64) {
+	h.sl.at(h.entries[id]).when.Store(when)
 	h.when[id] = when
 }
 
-func (h *rwHarness) lower(id int, when int64) { // Reset earlier: a reset command
-	i := h.idx[id]
-	e := h.sl.at(i)
-	e.when.Store(when)
-	h.when[id] = when
-	h.w.unlink(e)
-	h.w.insert(i, e, when)
-}
-
-func (h *rwHarness) unlink(id int) {
-	i := h.idx[id]
-	e := h.sl.at(i)
-	h.w.unlink(e)
-	h.sl.freeEntry(i, e)
-	delete(h.idx, id)
-	delete(h.when, id)
-}
-
+// advance is one budgeted step; it fails the test's goroutine on an early firing.
 func (h *rwHarness) advance(now int64, budget int) bool {
-	return h.w.advance(now, func(i uint32, e *entry) {
-		when := e.when.Load()
-		if t := when / h.w.tick; t > h.w.elapsed {
-			h.w.link(i, e, t, when)
-			return
+	before := len(h.Fired)
+	done := h.AdvanceBudget(now, budget)
+	for _, f := range h.Fired[before:] {
+		if f.When > now {
+			panic(fmt.Sprintf("entry %d due %d fired at %d: early", f.ID, f.When, now))
 		}
-		if when > h.w.now {
-			h.w.straggle(i, e, when)
-			return
-		}
-		id := e.arg.(int)
-		if when > now {
-			panic("early")
-		}
-		h.fired[id] = h.w.now
-		h.firedAt = append(h.firedAt, id)
-		delete(h.idx, id)
-		delete(h.when, id)
-		h.sl.freeEntry(i, e)
-	}, budget)
+		delete(h.when, f.ID)
+	}
+	return done
 }
 
 // TestWheelExactResets: a random model of a shard's wheel with late inserts (already due,
 // clamped to elapsed), Resets both ways (raised in place with no command, lowered by unlink and
-// insert, also of entries waiting in a soon bucket), cancels and budgeted advances, at ticks of
-// 1 ns, 1000 ns and 2^20 ns. Checks never early, nothing due left after a completed advance, a
-// next wake after now and no later than the earliest pending deadline rounded up to the grain,
-// that every budgeted advance finishes, and the invariants. (Written by this change's review.)
+// insert, also of entries waiting in a soon bucket), cancels, and budgeted advances, with
+// commands also arriving between the budgeted steps of one advance (as each advanceLocked step's
+// drain applies them), at ticks of 1 ns, 1000 ns and 2^20 ns. Checks never early, nothing due
+// left after a completed advance, a next wake after now and no later than the earliest pending
+// deadline rounded up to the grain, that every budgeted advance finishes, and the invariants.
+// (Written by this change's reviews.)
 func TestWheelExactResets(t *testing.T) {
 	for _, tc := range []struct{ tick, grain int64 }{{1000, 1}, {1000, 64}, {1, 1}, {1 << 20, 1 << 16}} {
-		rng := rand.New(rand.NewPCG(uint64(tc.tick), uint64(tc.grain)))
-		for round := 0; round < 40; round++ {
+		rng := rand.New(rand.NewPCG(uint64(tc.tick)+99, uint64(tc.grain)))
+		for round := 0; round < 60; round++ {
 			start := rng.Int64N(1 << 30)
 			h := newRW(start, tc.tick, tc.grain)
 			now := start * tc.tick
 			id := 0
 			span := []int64{2, 70, 5000, 1 << 20}[rng.IntN(4)] * tc.tick
-			for step := 0; step < 400; step++ {
-				// Arms and re-arms.
-				for k := rng.IntN(6); k > 0; k-- {
-					switch rng.IntN(5) {
+			cmds := func(n int) {
+				for k := rng.IntN(n); k > 0; k-- {
+					switch rng.IntN(6) {
 					case 0, 1:
 						h.insert(id, now+rng.Int64N(span))
 						id++
-					case 2: // a command that waited in the ring: due already
+					case 2:
 						h.insert(id, max(0, now-rng.Int64N(3*tc.tick)))
 						id++
 					case 3:
 						for x, wh := range h.when {
-							if rng.IntN(2) == 0 {
-								h.raise(x, wh+rng.Int64N(span))
-							} else {
-								h.lower(x, max(now, wh-rng.Int64N(span)))
-							}
+							h.raise(x, wh+rng.Int64N(span))
 							break
 						}
 					case 4:
+						for x, wh := range h.when {
+							h.lower(x, max(0, wh-rng.Int64N(span)))
+							break
+						}
+					case 5:
 						for x := range h.when {
 							h.unlink(x)
 							break
 						}
 					}
 				}
-				if err := h.w.verify(); err != nil {
-					t.Fatalf("tick %d grain %d round %d step %d: %v", tc.tick, tc.grain, round, step, err)
-				}
+			}
+			for step := 0; step < 300; step++ {
+				cmds(8)
 				switch rng.IntN(3) {
 				case 0:
 					if n := h.w.nextDue(); n != never {
 						now = max(now, n)
 					}
 				default:
-					now += rng.Int64N(2 * tc.tick)
+					now += rng.Int64N(3 * tc.tick)
 				}
 				budget := []int{0, 1, 2, 7, 50}[rng.IntN(5)]
 				for steps := 0; !h.advance(now, budget); steps++ {
 					if err := h.w.verify(); err != nil {
 						t.Fatalf("tick %d grain %d round %d step %d: budgeted: %v", tc.tick, tc.grain, round, step, err)
 					}
+					cmds(4) // the next step's drain
 					if steps > 1e6 {
 						t.Fatalf("budgeted advance does not progress")
 					}
+				}
+				if err := h.w.verify(); err != nil {
+					t.Fatalf("tick %d grain %d round %d step %d: %v", tc.tick, tc.grain, round, step, err)
 				}
 				first := int64(math.MaxInt64)
 				for x, wh := range h.when {
@@ -155,7 +123,6 @@ func TestWheelExactResets(t *testing.T) {
 				if len(h.when) > 0 {
 					n := h.w.nextDue()
 					if n <= now {
-						// Only a raised (stale) bound may do that; advancing there must progress.
 						continue
 					}
 					if lim := (first + tc.grain - 1) / tc.grain * tc.grain; n > lim {

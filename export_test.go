@@ -92,20 +92,29 @@ func (t *TestWheel) Advance(now int64) { t.AdvanceBudget(now, 0) }
 // reports whether it reached now.
 func (t *TestWheel) AdvanceBudget(now int64, budget int) bool {
 	return t.w.advance(now, func(i uint32, e *entry) {
-		when := e.when.Load()
-		if tk := when / t.w.tick; tk > t.w.elapsed {
-			t.w.link(i, e, tk, when)
-			return
-		}
-		if when > t.w.now {
-			t.w.straggle(i, e, when)
-			return
-		}
-		id := e.arg.(int)
-		t.Fired = append(t.Fired, Firing{ID: id, When: when, At: t.w.elapsed, Now: t.w.now})
-		delete(t.entries, id)
-		t.sl.freeEntry(i, e)
+		expireBare(&t.w, i, e, func(when int64) {
+			id := e.arg.(int)
+			t.Fired = append(t.Fired, Firing{ID: id, When: when, At: t.w.elapsed, Now: t.w.now})
+			delete(t.entries, id)
+			t.sl.freeEntry(i, e)
+		})
 	}, budget)
+}
+
+// expireBare is shard.expire without the state word, for wheels driven bare by tests: an entry
+// of a later tick cascades, one later in the tick in progress straggles, and fire gets the
+// rest with their deadline.
+func expireBare(w *wheel, i uint32, e *entry, fire func(when int64)) {
+	when := e.when.Load()
+	if t := when / w.tick; t > w.elapsed {
+		w.link(i, e, t, when)
+		return
+	}
+	if when > w.now {
+		w.straggle(i, e, when)
+		return
+	}
+	fire(when)
 }
 
 func (t *TestWheel) Elapsed() int64        { return t.w.elapsed }

@@ -1,7 +1,6 @@
 package shardwheel
 
 import (
-	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -146,89 +145,6 @@ func TestResetParkStormEvery(t *testing.T) {
 		require.NoError(t, err)
 		parkStorm(t, w, nil, 300*time.Millisecond, true)
 		w.Stop()
-	}
-}
-
-// TestWheelExactCommandsBetweenSteps: as TestWheelExactResets, but commands (late inserts,
-// lowers, raises, cancels) also arrive between the budgeted steps of one advance, as a shard's
-// drainLocked applies them at the start of each advanceLocked step.
-func TestWheelExactCommandsBetweenSteps(t *testing.T) {
-	for _, tc := range []struct{ tick, grain int64 }{{1000, 1}, {1000, 64}, {1, 1}, {1 << 20, 1 << 16}} {
-		rng := rand.New(rand.NewPCG(uint64(tc.tick)+99, uint64(tc.grain)))
-		for round := 0; round < 60; round++ {
-			start := rng.Int64N(1 << 30)
-			h := newRW(start, tc.tick, tc.grain)
-			now := start * tc.tick
-			id := 0
-			span := []int64{2, 70, 5000, 1 << 20}[rng.IntN(4)] * tc.tick
-			cmds := func(n int) {
-				for k := rng.IntN(n); k > 0; k-- {
-					switch rng.IntN(6) {
-					case 0, 1:
-						h.insert(id, now+rng.Int64N(span))
-						id++
-					case 2:
-						h.insert(id, max(0, now-rng.Int64N(3*tc.tick)))
-						id++
-					case 3:
-						for x, wh := range h.when {
-							h.raise(x, wh+rng.Int64N(span))
-							break
-						}
-					case 4:
-						for x, wh := range h.when {
-							h.lower(x, max(0, wh-rng.Int64N(span)))
-							break
-						}
-					case 5:
-						for x := range h.when {
-							h.unlink(x)
-							break
-						}
-					}
-				}
-			}
-			for step := 0; step < 300; step++ {
-				cmds(8)
-				switch rng.IntN(3) {
-				case 0:
-					if n := h.w.nextDue(); n != never {
-						now = max(now, n)
-					}
-				default:
-					now += rng.Int64N(3 * tc.tick)
-				}
-				budget := []int{0, 1, 2, 7, 50}[rng.IntN(5)]
-				for steps := 0; !h.advance(now, budget); steps++ {
-					if err := h.w.verify(); err != nil {
-						t.Fatalf("tick %d grain %d round %d step %d: budgeted: %v", tc.tick, tc.grain, round, step, err)
-					}
-					cmds(4) // the next step's drain
-					if steps > 1e6 {
-						t.Fatalf("budgeted advance does not progress")
-					}
-				}
-				if err := h.w.verify(); err != nil {
-					t.Fatalf("tick %d grain %d round %d step %d: %v", tc.tick, tc.grain, round, step, err)
-				}
-				first := int64(math.MaxInt64)
-				for x, wh := range h.when {
-					if wh <= now {
-						t.Fatalf("tick %d grain %d round %d step %d: entry %d due %d left after advance to %d", tc.tick, tc.grain, round, step, x, wh, now)
-					}
-					first = min(first, wh)
-				}
-				if len(h.when) > 0 {
-					n := h.w.nextDue()
-					if n <= now {
-						continue
-					}
-					if lim := (first + tc.grain - 1) / tc.grain * tc.grain; n > lim {
-						t.Fatalf("tick %d grain %d round %d step %d: next due %d after earliest deadline %d (now %d)", tc.tick, tc.grain, round, step, n, first, now)
-					}
-				}
-			}
-		}
 	}
 }
 
