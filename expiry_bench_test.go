@@ -103,6 +103,63 @@ type stripe struct {
 
 const stripeLen = 1024
 
+// BenchmarkFirePhaseFloor is the machine's side of BenchmarkFirePhase: no wheel, only the memory
+// walk that firing a million callbacks needs at least. Each of a million 48-byte entries (the
+// size of the wheel's) is read, CASed and its func called with its stripe, which counts down, as
+// the fire phase's callbacks do; GOMAXPROCS goroutines take equal halves. Where the walk does not
+// get faster with the second P, the memory system, not the wheel, bounds the fire phase's
+// speed-up on that machine.
+//
+//	go test -run '^$' -bench 'BenchmarkFirePhase' -benchtime 3x -count 6 .
+func BenchmarkFirePhaseFloor(b *testing.B) {
+	const n = 1_024_000
+	type floorEntry struct { // shardwheel's entry: state, when, next, prev, f, arg
+		state atomic.Uint64
+		when  atomic.Int64
+		_, _  uint32
+		f     func(any)
+		arg   any
+	}
+	es := make([]floorEntry, n)
+	stripes := make([]stripe, n/stripeLen)
+	f := func(a any) { a.(*stripe).left.Add(-1) }
+	for i := range es {
+		es[i].f, es[i].arg = f, &stripes[i/stripeLen]
+	}
+	for _, procs := range []int{1, 2} {
+		b.Run(fmt.Sprintf("procs=%d", procs), func(b *testing.B) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			var total time.Duration
+			for it := 0; it < b.N; it++ {
+				for i := range es {
+					es[i].state.Store(1)
+				}
+				for i := range stripes {
+					stripes[i].left.Store(stripeLen)
+				}
+				runtime.GC()
+				var wg sync.WaitGroup
+				t0 := time.Now()
+				for g := range procs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := g * n / procs; i < (g+1)*n/procs; i++ {
+							if e := &es[i]; e.when.Load() <= 0 && e.state.CompareAndSwap(1, 2) {
+								e.f(e.arg)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				total += time.Since(t0)
+			}
+			b.ReportMetric(float64(total.Microseconds())/1e3/float64(b.N), "fire-ms")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
 // BenchmarkEveryCPU measures what one Every(1ms) costs in CPU per second of wall time, with 2
 // shards and with 4096: the keeper looks at groups of shards, so the figure should barely grow.
 // The runtime's time.Ticker is the baseline. It also reports the runs a second that CPU bought.
