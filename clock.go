@@ -207,7 +207,7 @@ func (w *Wheel) advance(onWorker bool) {
 			return
 		}
 		lastNow, lastM = now, m
-		r := min(now, w.roundUpToTick(m))
+		r := min(now, w.ceil(m))
 		for _, s := range w.shards {
 			if s.next.Load() > r {
 				continue
@@ -233,14 +233,51 @@ func (w *Wheel) advance(onWorker bool) {
 	}
 }
 
-// roundUpToTick returns the instant at which the tick that deadline t rounds up to begins
-// (t itself on a tick boundary), saturating at the end of time.
-func (w *Wheel) roundUpToTick(t int64) int64 {
-	k := t / w.tick
-	if t%w.tick != 0 {
-		k++
+// ticks is the tick arithmetic of a Wheel: instants (ns on its clock) against ticks, saturating
+// at the end of time. Immutable; the Wheel and each shard's wheel hold the same value.
+type ticks struct {
+	tick      int64 // nanoseconds per tick: the width of a bucket of level 0
+	lastStart int64 // the last tick whose start is below the end of time, math.MaxInt64/tick
+	// grain is what a wake for a deadline inside a tick is rounded up to: tick/grainsPerTick on
+	// the system clock, so that a bucket is visited at most about grainsPerTick times in its
+	// tick however its deadlines are spread (wheel.nextDue); 1 on a manual clock, whose Advance
+	// fires everything at or before its time.
+	grain int64
+}
+
+// newTicks returns the arithmetic of a tick of that many nanoseconds, on a manual clock or not.
+func newTicks(tick int64, manual bool) ticks {
+	k := ticks{tick: tick, lastStart: math.MaxInt64 / tick, grain: max(tick/grainsPerTick, 1)}
+	if manual {
+		k.grain = 1
 	}
-	return w.tickStart(k)
+	return k
+}
+
+// start returns the instant at which tick t begins, saturating at the end of time.
+func (k ticks) start(t int64) int64 {
+	if t > k.lastStart {
+		return math.MaxInt64
+	}
+	return t * k.tick
+}
+
+// end returns the instant at which tick t ends (the start of the next), saturating.
+func (k ticks) end(t int64) int64 {
+	if t >= k.lastStart {
+		return math.MaxInt64
+	}
+	return k.start(t + 1)
+}
+
+// ceil returns deadline ns rounded up to the tick: the start of the tick it rounds up to (ns
+// itself on a tick boundary), saturating at the end of time.
+func (k ticks) ceil(ns int64) int64 {
+	t := ns / k.tick
+	if ns%k.tick != 0 {
+		t++
+	}
+	return k.start(t)
 }
 
 // minNext returns the earliest next over all shards.

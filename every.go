@@ -133,12 +133,3 @@ func nextStep(due, end, interval int64) int64 {
 	}
 	return k * interval
 }
-
-// tickStart returns the instant, in nanoseconds, at which tick t begins, saturating at the end
-// of time.
-func (w *Wheel) tickStart(t int64) int64 {
-	if t > w.lastStart {
-		return math.MaxInt64
-	}
-	return t * w.tick
-}

@@ -265,8 +265,8 @@ func (w *Wheel) release() {
 // now, if the wake came that late), if the role is still free then. Ticks after first, not after
 // now: an Every(tick)'s next run is due whole intervals after the run it re-arms from, and a
 // watchdog later than that would have the re-arm signal, waking a second goroutine every run.
-// Less one grain (tick/grainsPerTick) if that is still after now, since the shard's next may have
-// been rounded up past the deadline (wheel.nextDue).
+// Less one grain if that is still after now, since the shard's next may have been rounded up
+// past the deadline by up to a grain (wheel.nextDue).
 //
 // The keeper calls it when one shard is due: its advance is usually over well within a tick, and
 // keep then takes the role back, so a wake costs one goroutine wake-up, not two. If the advance
@@ -285,8 +285,8 @@ func (w *Wheel) releaseLater(wk *worker, now, next, first int64) {
 	if at <= now && now < never-w.tick {
 		at += ((now-at)/w.tick + 1) * w.tick // a late wake: its re-arm skips to the first after now
 	}
-	if g := w.tick / grainsPerTick; at-g > now {
-		at -= g // first may be a grain late (wheel.nextDue)
+	if at-w.grain > now {
+		at -= w.grain // first may be a grain late (wheel.nextDue)
 	}
 	at = min(at, next)
 	w.target.Store(at)

@@ -57,7 +57,9 @@ func NewTestWheel(elapsed int64) *TestWheel { return NewTestWheelTick(elapsed, 1
 // NewTestWheelTick returns a wheel at tick elapsed with the given tick and grain (ns).
 func NewTestWheelTick(elapsed, tick, grain int64) *TestWheel {
 	t := &TestWheel{entries: map[int]uint32{}}
-	t.w.init(elapsed, tick, grain, &t.sl)
+	k := newTicks(tick, false)
+	k.grain = grain
+	t.w.init(elapsed, k, &t.sl)
 	return t
 }
 

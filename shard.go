@@ -84,9 +84,10 @@ type shard struct {
 	claim atomic.Int32
 
 	// Shards are allocated one by one; this keeps the owner's fields above off the cache line
-	// of whatever the allocator puts next, which may be another shard's read-only line. The
-	// 56 bytes round the shard (with the allocator's header) up to whole lines: TestLayout.
-	_ [cacheLineSize + 56]byte
+	// of whatever the allocator puts next, which may be another shard's read-only line; its
+	// size also rounds the shard (with the allocator's header) up to whole lines (TestLayout
+	// fails, naming the remainder, when a field change moves that).
+	_ [2 * cacheLineSize]byte
 }
 
 // shardLine0 and shardLine1 mirror the shard's first fields, only to size the pad after them.
@@ -109,11 +110,7 @@ func (s *shard) init(w *Wheel, ringSize int) {
 	s.limited = w.opts.maxPending != 0
 	s.ring.init(ringSize)
 	s.next.Store(never)
-	grain := max(w.tick/grainsPerTick, 1)
-	if w.manual != nil {
-		grain = 1 // Advance fires everything at or before its time: no wake is rounded
-	}
-	s.tw.init(w.nanos()/w.tick, w.tick, grain, &s.slab)
+	s.tw.init(w.nanos()/w.tick, w.ticks, &s.slab)
 	s.slab.onGrow = w.noteGrow
 	s.expireFn = s.expire
 }

@@ -28,7 +28,6 @@ package shardwheel
 
 import (
 	"errors"
-	"math"
 	"sync"
 	"time"
 
@@ -51,13 +50,10 @@ var (
 //
 // Fields are immutable after New unless noted.
 type Wheel struct {
-	opts options
-	tick int64 // nanoseconds per tick: the width of a bucket of level 0 (deadlines are exact)
-	// lastStart is the last tick whose start is below the end of time, math.MaxInt64/tick: kept
-	// so that tickStart, on every callback's lateness, compares instead of multiplying blindly.
-	lastStart int64
-	shards    []*shard
-	pool      pool
+	opts   options
+	ticks  // the tick arithmetic (clock.go); deadlines are exact, the tick is a bucket's width
+	shards []*shard
+	pool   pool
 
 	base       time.Time    // origin of the system clock's monotonic readings
 	manual     *ManualClock // nil for the system clock
@@ -147,14 +143,12 @@ func New(opts ...Option) (*Wheel, error) {
 		}
 	}
 	w := &Wheel{
-		opts:      o,
-		tick:      int64(o.tick),
-		lastStart: math.MaxInt64 / int64(o.tick),
-		closing:   make(chan struct{}),
-		stopped:   make(chan struct{}),
-		rejected:  xsync.NewCounter(),
-		panics:    xsync.NewCounter(),
-		dropped:   xsync.NewCounter(),
+		opts:     o,
+		closing:  make(chan struct{}),
+		stopped:  make(chan struct{}),
+		rejected: xsync.NewCounter(),
+		panics:   xsync.NewCounter(),
+		dropped:  xsync.NewCounter(),
 	}
 	if m, ok := o.clock.(*ManualClock); ok {
 		w.manual = m
@@ -162,6 +156,7 @@ func New(opts ...Option) (*Wheel, error) {
 	} else {
 		w.base = time.Now()
 	}
+	w.ticks = newTicks(int64(o.tick), w.manual != nil)
 	if o.maxPending > 0 {
 		w.credit.Store(int64(o.maxPending))
 		w.creditBatch = creditBatch(o.maxPending, o.shards)

@@ -63,7 +63,7 @@ const (
 	laneMask  = laneCount - 1
 
 	// grainsPerTick is how finely a wake inside a tick is placed on the system clock: a wake for
-	// a deadline is rounded up to tick/grainsPerTick (wheel.grain).
+	// a deadline is rounded up to tick/grainsPerTick (ticks.grain).
 	grainsPerTick = 16
 )
 
@@ -128,7 +128,6 @@ func laneOf(r uint32) (lv, sl int, ln uint8) {
 
 // wheel is the hierarchical timing wheel of one shard. Owned by the holder of shard.mu.
 type wheel struct {
-	target   int64                           // the tick the running advance goes to (only meaningful during advance)
 	now      int64                           // the reading (ns) the running advance goes to (only meaningful during advance)
 	elapsed  int64                           // ticks processed; never decreases
 	count    int                             // entries linked, soon and held buckets included
@@ -148,31 +147,15 @@ type wheel struct {
 	soonFill uint8
 	// held holds the entries that an advance found held by a Reset (parked, timer.go): no
 	// advance takes it; each such Reset sends a command that moves its entry out.
-	held bucket
-	heap bucketHeap
-	slab *slab // where linked indices point; the shard's
-
-	tick      int64 // nanoseconds per tick; immutable
-	lastStart int64 // the last tick whose start is below the end of time, math.MaxInt64/tick; immutable
-	// grain is what a wake for a deadline inside a tick is rounded up to (tick/16 on the system
-	// clock, so that a bucket is visited at most about 16 times in its tick however its
-	// deadlines are spread; 1 on a manual clock, whose Advance must fire everything at or before
-	// its time); immutable.
-	grain int64
+	held  bucket
+	heap  bucketHeap
+	slab  *slab // where linked indices point; the shard's
+	ticks       // the Wheel's tick arithmetic (clock.go); immutable
 }
 
-// init sets up an empty wheel at tick elapsed. tick and grain are in nanoseconds.
-func (w *wheel) init(elapsed, tick, grain int64, sl *slab) {
-	w.elapsed, w.tick, w.grain, w.slab = elapsed, tick, grain, sl
-	w.lastStart = math.MaxInt64 / tick
-}
-
-// startOf returns the instant (ns) at which tick t begins, saturating at the end of time.
-func (w *wheel) startOf(t int64) int64 {
-	if t > w.lastStart {
-		return math.MaxInt64
-	}
-	return t * w.tick
+// init sets up an empty wheel at tick elapsed.
+func (w *wheel) init(elapsed int64, k ticks, sl *slab) {
+	w.elapsed, w.ticks, w.slab = elapsed, k, sl
 }
 
 // bucketAt returns the bucket a laneRef's level and slot name.
@@ -283,7 +266,7 @@ func (w *wheel) nextDue() int64 {
 		}
 	}
 	if d != never {
-		d = min(w.roundUp(d), w.endOf(w.elapsed)) // every straggler is due by the end of elapsed
+		d = min(w.roundUp(d), w.end(w.elapsed)) // every straggler is due by the end of elapsed
 	}
 	for w.heap.len() > 0 {
 		n := w.heap.top()
@@ -299,23 +282,14 @@ func (w *wheel) nextDue() int64 {
 // bucket of level 0 its earliest deadline if that is later (rounded up to the grain, and no later
 // than the end of its tick, when all of it is due).
 func (w *wheel) dueAt(n heapNode) int64 {
-	at := w.startOf(n.start)
+	at := w.start(n.start)
 	if n.level != 0 {
 		return at
 	}
 	if m := w.min0[n.slot]; m > at {
-		return min(w.roundUp(m), w.endOf(n.start))
+		return min(w.roundUp(m), w.end(n.start))
 	}
 	return at
-}
-
-// endOf returns the instant at which tick t ends (the start of the next), saturating at the end
-// of time.
-func (w *wheel) endOf(t int64) int64 {
-	if t >= w.lastStart {
-		return math.MaxInt64
-	}
-	return w.startOf(t + 1)
 }
 
 // roundUp rounds a deadline up to a whole number of grains (saturating): a wake for it is never
@@ -362,7 +336,7 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 	if t < w.elapsed {
 		return true // time never goes backwards; a stale reading is simply early
 	}
-	w.target, w.now = t, now
+	w.now = now
 	took, done := w.takeSoon(expire, budget)
 	if !done {
 		return false

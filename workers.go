@@ -192,9 +192,9 @@ func (w *Wheel) runRefs(refs []ref, wk *worker) {
 // lateness returns how late a callback starting at reading now is, as Stats.Lateness counts it:
 // against its deadline when (ns) rounded up to the tick, 0 if it started before that (deadlines
 // are exact, so most start within their tick) or for a deadline at the end of time, which
-// tickStart saturates.
+// ticks.ceil saturates.
 func (w *Wheel) lateness(now, when int64) time.Duration {
-	return time.Duration(max(0, now-w.roundUpToTick(when)))
+	return time.Duration(max(0, now-w.ceil(when)))
 }
 
 // runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry is freed
