@@ -39,7 +39,7 @@ import (
 // caller's goroutine (clock.go) and the workers only run the chunks it dispatches.
 
 // testHookReleased, testHookSleep and testHookCollected, set only by tests, run in releaseLater
-// right after the role is let go, in keep right before the keeper's select, and in keep right
+// right after the role is let go (before its read of the groups), in keep right before the keeper's select, and in keep right
 // after collect claimed something due (with what it claimed): a goroutine paused there.
 var (
 	testHookReleased, testHookSleep func(*Wheel)
@@ -259,7 +259,7 @@ func (w *Wheel) release() {
 }
 
 // releaseLater lets go of the keeper role like release, but, unless something earlier than its
-// watchdog is already known (steps 2 and 3), nudges nobody yet: it arms the worker's watchdog to
+// watchdog is already known (step 2), nudges nobody yet: it arms the worker's watchdog to
 // nudge an idle worker at the keeper's next target or a tick after first, the deadline that made
 // the shard due, whichever is sooner (the first whole number of ticks after first that is after
 // now, if the wake came that late), if the role is still free then. Ticks after first, not after
@@ -272,11 +272,11 @@ func (w *Wheel) release() {
 // keep then takes the role back, so a wake costs one goroutine wake-up, not two. If the advance
 // or its callbacks run longer, the watchdog hands time over as release would have. A deadline
 // earlier than the watchdog does not wait for it: one noted before collect read its group is in
-// next; one noted between that read and the store of target is seen by step 3's read of the
-// groups; one noted after that store signals (target holds the watchdog's moment), and signal
-// nudges while the role is free, or step 2 does for a producer that still saw the role held.
-// Steps 2 and 3 nudge and return without a watchdog: the nudge comes after the role is free, so
-// the worker that takes the token tries for the role after that. A step that leaves more to do,
+// next; one noted after that read and before the role is free (whatever target it read) is seen
+// by step 2's read of the groups; one noted after that signals (target holds the watchdog's
+// moment), and signal nudges while the role is free. Step 2 nudges and returns without a
+// watchdog: the nudge comes after the role is free, so the worker that takes the token tries for
+// the role after that. A wake token left in wake is the next keeper's: its select finds it. A step that leaves more to do,
 // or fires more than a few callbacks, hands the role over at once (hurry).
 func (w *Wheel) releaseLater(wk *worker, now, next, first int64) {
 	// 1. target before the role is free: a producer that reads it and finds its deadline
@@ -292,27 +292,19 @@ func (w *Wheel) releaseLater(wk *worker, now, next, first int64) {
 	w.target.Store(at)
 	w.keeper.Store(false)
 	if testHookReleased != nil {
-		testHookReleased(w) // tests only: paused with the role free, before the look at wake
+		testHookReleased(w) // tests only: paused with the role free, before the read of the groups
 	}
-	// 2. A producer that read this target but still saw the role held sent its token before
-	//    it looked, so before the store above, and did not nudge: if there is a token, put it
-	//    back and nudge (signal does both). Not take it: it may be another keeper's, one that
-	//    took the role after the store above and has yet to reach its select.
-	select {
-	case <-w.wake:
-		w.signal()
-		return
-	default:
-	}
-	// 3. A producer that noted a deadline after collect read its group and before the store
-	//    in 1 read awake and did not signal: read every group once more (its g.next store came
-	//    before its read of target, this read after the store of target: one of the two sees
-	//    the other). Found by review; without it such a deadline waited for the watchdog.
+	// 2. Read every group once more. A producer that noted a deadline after collect read its
+	//    group did not nudge if it read target before the store in 1 (awake: no signal), or
+	//    read it after but still saw the role held (signal then only leaves a token): either
+	//    way its g.next store came before a load that came before a store above, so this read
+	//    sees it, and nudges if it is earlier than the watchdog. (The token, if any, stays for
+	//    the next keeper: it may be another worker's that took the role since.)
 	if w.minGroups() < at {
 		w.nudgeIdle()
 		return
 	}
-	// 4. Otherwise the watchdog, or a nudge now if the moment has come already.
+	// 3. Otherwise the watchdog, or a nudge now if the moment has come already.
 	d := time.Duration(at - w.nanos())
 	if d <= 0 {
 		w.nudgeIdle()

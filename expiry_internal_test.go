@@ -192,8 +192,9 @@ func TestManualCallbackArmedDueNowWaitsWithStaleShard(t *testing.T) {
 // TestExpiryReleaseLaterLeavesWakeToTheKeeper (a review's repro): W1 lets go of the role with
 // releaseLater and pauses before it looks at wake; W2 takes the role and pauses before its
 // select; a producer arms a deadline earlier than W2's target, and its signal lands in wake's
-// buffer without a nudge (the role is held). W1 then finds that token: it must leave it for W2,
-// which would otherwise sleep until its own target (here seconds) and fire the timer late.
+// buffer without a nudge (the role is held). W1 once found that token and took it, and W2 slept
+// until its own target (here seconds) and fired the timer late; now releaseLater never takes a
+// token, and W2 finds it.
 func TestExpiryReleaseLaterLeavesWakeToTheKeeper(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		released, goOn1 := make(chan struct{}), make(chan struct{})

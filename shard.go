@@ -174,9 +174,9 @@ func (s *shard) kick() { s.noteDeadline(0) }
 //     if it is earlier. While nobody keeps time the target is awake and nobody is signalled:
 //     the next keeper reads every g.next before it sleeps. While a keeper is awake the target is
 //     awake too; if it goes on to releaseLater, that stores the watchdog's moment in target and
-//     then reads every g.next once more, so a producer that read awake in between is seen there
-//     (and one that read the watchdog's moment signals; signal nudges an idle worker while the
-//     role is free, or releaseLater does, finding the token of a producer that saw it held).
+//     then, with the role free, reads every g.next once more, so a producer that read awake in
+//     between, or read the watchdog's moment but saw the role still held, is seen there; one
+//     that saw the role free signals, and signal nudges an idle worker.
 //
 // The common case, a deadline no earlier than the shard's next, is the first load of lowerTo,
 // done here so that it inlines into every arm; lowerDeadline is the rest.
