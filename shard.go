@@ -291,20 +291,18 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 func (s *shard) expire(i uint32, e *entry) {
 	for {
 		w := e.state.Load()
-		if isState(w, stResetting) {
+		if isHeld(w) {
 			// A Reset holds the entry, and its new deadline may be anywhere (even before this
 			// advance's reading, or within this tick). Park it (timer.go): no advance visits it
 			// again, so a stalled Reset costs nothing, and the Reset, finding it parked, sends
 			// the command that moves it to its deadline. Not linked at some later tick: a
-			// Reset to a later deadline would send no command and find it there, late.
-			if e.state.CompareAndSwap(w, withState(w, stParked)) {
-				s.tw.park(i, e)
-				return
+			// Reset to a later deadline would send no command and find it there, late. (An
+			// entry parked already lives in the held bucket, which no advance takes; verify
+			// checks that none is linked elsewhere.)
+			if isState(w, stResetting) && !e.state.CompareAndSwap(w, withState(w, stParked)) {
+				continue // released meanwhile: look again
 			}
-			continue // released meanwhile: look again
-		}
-		if isState(w, stParked) {
-			s.tw.park(i, e) // never here (a parked entry stays held); kept linked if it were
+			s.tw.park(i, e)
 			return
 		}
 		if !isState(w, stPending) {

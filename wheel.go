@@ -515,8 +515,10 @@ func (w *wheel) position(e *entry) (lv, sl int, ln uint8, ok bool) {
 
 // verify checks the wheel's invariants and returns the first violation: each bitmap bit matches
 // its bucket, each lane's entries link back to it (the first to the lane's reference, each other
-// to the entry before it) and are counted, each non-empty bucket is in
-// the heap with a start at or after elapsed that its slot math agrees with, and the heap is a heap.
+// to the entry before it) and are counted, each non-empty bucket is in the heap with a start at
+// or after elapsed that its slot math agrees with, the heap is a heap, the bounds min0 and
+// soonMin are at or below their entries' deadlines, and no parked entry (timer.go) is linked
+// outside the held bucket.
 func (w *wheel) verify() error {
 	n := 0
 	for lv := range w.buckets {
@@ -555,6 +557,9 @@ func (w *wheel) verify() error {
 					if lv == 0 && w.min0[sl] > e.when.Load() {
 						return fmt.Errorf("level 0 slot %d: bound %d after a deadline %d", sl, w.min0[sl], e.when.Load())
 					}
+					if isState(e.state.Load(), stParked) {
+						return fmt.Errorf("level %d slot %d: a parked entry outside the held bucket", lv, sl)
+					}
 					prev, i = i, e.next
 					n++
 				}
@@ -571,6 +576,9 @@ func (w *wheel) verify() error {
 				}
 				if when := e.when.Load(); when < w.soonMin[f] || when/w.tick < w.elapsed {
 					return fmt.Errorf("soon %d: deadline %d before its bound %d or the tick in progress %d", f, when, w.soonMin[f], w.elapsed)
+				}
+				if isState(e.state.Load(), stParked) {
+					return fmt.Errorf("soon %d: a parked entry outside the held bucket", f)
 				}
 				prev, i = i, e.next
 				n++
