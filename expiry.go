@@ -351,7 +351,8 @@ func (w *Wheel) nudgeIdle() {
 
 // collect appends to due the shards that are due at the reading now and that it could claim,
 // recomputes the next of every group it looked into, and returns the earliest next over all
-// groups as it leaves them, and the earliest next of the shards it claimed (never if none).
+// groups as it leaves them (next) and the earliest next of the shards it claimed (first, never
+// if none).
 // Only the keeper calls it.
 //
 // For each group that may be due: 1. store never in g.next; 2. read each shard's next: a due
@@ -359,12 +360,12 @@ func (w *Wheel) nudgeIdle() {
 // when it is done), a later one counts toward the minimum; 3. lower g.next to that minimum.
 // A producer or advancer that lowers a shard's next after step 2 read it lowers g.next after
 // step 1 (noteDeadline), so step 3's CAS-min keeps the lower value.
-func (w *Wheel) collect(now int64, due []*shard) ([]*shard, int64, int64) {
-	first, claimed := int64(never), int64(never)
+func (w *Wheel) collect(now int64, due []*shard) (_ []*shard, next, first int64) {
+	next, first = never, never
 	for gi := range w.groups {
 		g := &w.groups[gi]
 		if n := g.next.Load(); n > now {
-			first = min(first, n)
+			next = min(next, n)
 			continue
 		}
 		g.next.Store(never)
@@ -380,13 +381,13 @@ func (w *Wheel) collect(now int64, due []*shard) ([]*shard, int64, int64) {
 			if s.claim.CompareAndSwap(claimFree, claimAdvancing) ||
 				s.claim.CompareAndSwap(claimRunning, claimAdvancing) {
 				due = append(due, s)
-				claimed = min(claimed, n)
+				first = min(first, n)
 			}
 		}
 		lowerTo(&g.next, m)
-		first = min(first, g.next.Load())
+		next = min(next, g.next.Load())
 	}
-	return due, first, claimed
+	return due, next, first
 }
 
 // minGroups returns the earliest next over all groups.

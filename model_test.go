@@ -218,13 +218,22 @@ func (h *relHarness) every(d time.Duration) {
 	h.checkLen()
 }
 
-func (h *relHarness) stop(i int) {
+// pick returns timer i (modulo their number), or nil if there is none or a paused Reset holds
+// it: Stop or Reset of that timer would wait for the paused Reset, on this very goroutine.
+func (h *relHarness) pick(i int) *mTimer {
 	if len(h.m.timers) == 0 {
-		return
+		return nil
 	}
-	mt := h.m.timers[i%len(h.m.timers)]
-	if mt.hold != nil {
-		return // Stop would wait for the paused Reset, on this very goroutine
+	if mt := h.m.timers[i%len(h.m.timers)]; mt.hold == nil {
+		return mt
+	}
+	return nil
+}
+
+func (h *relHarness) stop(i int) {
+	mt := h.pick(i)
+	if mt == nil {
+		return
 	}
 	want := mt.state == mPending
 	got := mt.handle.Stop()
@@ -241,11 +250,8 @@ func (h *relHarness) stop(i int) {
 // At most maxHeld are paused at once, so that what queues behind them fits in the ring.
 func (h *relHarness) stopHeld(i int) {
 	const maxHeld = 4
-	if len(h.m.timers) == 0 || len(h.held) == maxHeld {
-		return
-	}
-	mt := h.m.timers[i%len(h.m.timers)]
-	if mt.hold != nil {
+	mt := h.pick(i)
+	if mt == nil || len(h.held) == maxHeld {
 		return
 	}
 	want := mt.state == mPending
@@ -295,11 +301,8 @@ func (h *relHarness) holdsOn(tm sw.Timer) []*sw.Held {
 func (mt *mTimer) behind() bool { return len(mt.waits) > 0 }
 
 func (h *relHarness) reset(i int, d time.Duration) {
-	if len(h.m.timers) == 0 {
-		return
-	}
-	mt := h.m.timers[i%len(h.m.timers)]
-	if mt.hold != nil {
+	mt := h.pick(i)
+	if mt == nil {
 		return
 	}
 	want := mt.state == mPending
@@ -319,11 +322,8 @@ func (h *relHarness) reset(i int, d time.Duration) {
 // then sends a command). At most maxHolding are paused at once.
 func (h *relHarness) resetHeld(i int, d time.Duration) {
 	const maxHolding = 3
-	if len(h.m.timers) == 0 || len(h.holding) == maxHolding {
-		return
-	}
-	mt := h.m.timers[i%len(h.m.timers)]
-	if mt.hold != nil {
+	mt := h.pick(i)
+	if mt == nil || len(h.holding) == maxHolding {
 		return
 	}
 	want := mt.state == mPending

@@ -226,6 +226,10 @@ func (t Timer) release(e *entry, w uint64, when int64) {
 	}
 	// 4. Earlier, or parked: tell the shard to move the entry to its deadline; a stale command
 	// (the timer fired meanwhile and the entry was reused) carries the old gen and is ignored.
+	// Paused here (after the store above, before the send), a parked entry is pending in the
+	// held bucket, which no advance takes: this timer is late by the pause, and no other is
+	// (a Stop meanwhile finds it pending and cancels it; a second Reset claims it and, if it
+	// raises the deadline, sends nothing and leaves the move to this command).
 	t.s.send(t.i, t.gen, opReset)
 	t.s.noteDeadline(when)
 }
