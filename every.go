@@ -104,7 +104,8 @@ func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatc
 		}
 		e.when.Store(when)
 		ev.version = st & versionMask // the CAS below keeps it; only a Reset changes it
-		if e.state.CompareAndSwap(st, withState(st, stPending)) {
+		// Pending and queued: its add follows (timer.go).
+		if e.state.CompareAndSwap(st, withState(st, stPending)|queuedBit) {
 			gen = genOf(st)
 			break
 		}

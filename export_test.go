@@ -209,12 +209,23 @@ type Held struct {
 // reports what Stop would, and the caller must Publish the command (before Wheel.Stop, which
 // waits for every claimed slot). It reports false and nil for a timer that is not pending, and
 // panics if the ring is full (the tests keep rings roomy).
+//
+// Stop sends a cancel only for a timer whose add the shard has taken, so StopHeld first lets the
+// shard take what its ring holds, as a producer whose ring is full does. If the timer's add is
+// still queued after that (behind another held slot), it stops the timer as Stop does, with no
+// command, and returns nil.
 func (t Timer) StopHeld() (bool, *Held) {
 	if t.s == nil {
 		return false, nil
 	}
+	t.s.mu.Lock()
+	t.s.drainNoteLocked()
+	t.s.mu.Unlock()
 	e := t.s.slab.at(t.i)
 	w := e.state.Load()
+	if isGen(w, t.gen) && isState(w, stPending) && isQueued(w) {
+		return t.Stop(), nil
+	}
 	if !isGen(w, t.gen) || !isState(w, stPending) || !e.state.CompareAndSwap(w, withState(w, stStopped)) {
 		return false, nil
 	}
@@ -226,6 +237,23 @@ func (t Timer) StopHeld() (bool, *Held) {
 	}
 	return true, &Held{s: t.s, slot: slot, pos: pos, i: t.i, cmd: t.gen<<opBits | opCancel}
 }
+
+// StopQueuedHeld is Timer.Stop of a timer whose add is still in the ring, paused after its CAS
+// to stopping: it reports whether it made that CAS, and finish runs the rest of Stop.
+func (t Timer) StopQueuedHeld() (ok bool, finish func()) {
+	e := t.s.slab.at(t.i)
+	w := e.state.Load()
+	if !isGen(w, t.gen) || !isState(w, stPending) || !isQueued(w) ||
+		!e.state.CompareAndSwap(w, withState(w, stStopping)) {
+		return false, nil
+	}
+	t.s.stopped.Inc()
+	t.s.releasePending(1)
+	return true, func() { t.stopQueued(e, w) }
+}
+
+// Queued reports whether the timer's add command is still in its shard's ring.
+func (t Timer) Queued() bool { return isQueued(t.s.slab.at(t.i).state.Load()) }
 
 // ResetHeld is Timer.Reset paused between its two steps, the claim of the entry and its release
 // (preemption can pause it there): it reports what Reset would, and release finishes it. While

@@ -261,7 +261,9 @@ func (h *relHarness) stopHeld(i int) {
 	if want {
 		mt.state = mStopped
 		h.stats.stopped++
-		h.held = append(h.held, held)
+		if held != nil { // nil: the timer's add was still queued, and Stop sent no command
+			h.held = append(h.held, held)
+		}
 	}
 	h.checkLen()
 }

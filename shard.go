@@ -247,20 +247,10 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 	gen := cmd >> opBits
 	switch cmd & opMask {
 	case opAdd:
-		// A timer stopped before its add arrived never touches the wheel: its cancel command
-		// frees it. For a one-shot the cancel follows this add (the producer publishes the add
-		// before it returns the Timer). An Every's re-arm may come after its cancel, and even
-		// after the entry was freed and armed again: a worker paused between its CAS to pending
-		// and its send lets a Stop's cancel in first. The gen check makes such a late add
-		// harmless. A Reset may hold the entry (resetting): link it at either deadline, both
-		// safe (a Reset to an earlier one sends a reset command, which follows this one and
-		// moves the entry; a later one leaves it to expire).
-		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isHeld(w)) {
-			s.tw.insert(i, e, e.when.Load())
-		}
+		s.takeAddLocked(i, e, gen)
 	case opCancel:
-		// Sent once, by the Stop that moved the entry from pending to stopped; only this
-		// command frees such an entry, so it is still ours here.
+		// Sent once, by the Stop that moved the entry from pending to stopped after its add
+		// was taken (timer.go); only this command frees such an entry, so it is still ours.
 		if e.linked() {
 			s.tw.unlink(e)
 		}
@@ -275,6 +265,39 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 			s.tw.unlink(e)
 			s.tw.insert(i, e, e.when.Load())
 		}
+	}
+}
+
+// takeAddLocked carries out the add of entry i, armed with gen: it clears the entry's queued
+// bit (timer.go) with a CAS, so that a Stop either came first, and finds it here, or comes after,
+// and sends a cancel. Then, by the state it cleared the bit from:
+//   - pending, or held by a Reset (resetting): link it, at either deadline, both safe (a Reset to
+//     an earlier one sends a reset command, which follows this one and moves the entry; a later
+//     one leaves it to expire);
+//   - stopped: a Stop came first and sent no cancel; free it. Its CAS to stopped ordered its
+//     clearEntry before this;
+//   - stopping: a Stop is between its two steps; leave it, that Stop sends a cancel.
+//
+// An add with another gen, or of an entry that is no longer queued, is not this arming's: such
+// an add does not arise (an entry armed or re-armed with an add is freed only by that add or by
+// a cancel sent after it was taken), and is ignored. The caller holds s.mu.
+func (s *shard) takeAddLocked(i uint32, e *entry, gen uint64) {
+	for {
+		w := e.state.Load()
+		if !isGen(w, gen) || !isQueued(w) {
+			return
+		}
+		if isState(w, stStopped) {
+			s.freed.add(&s.slab, i, e)
+			return
+		}
+		if !e.state.CompareAndSwap(w, w&^queuedBit) {
+			continue // a Stop or a Reset moved it: look again
+		}
+		if isState(w, stPending) || isState(w, stResetting) {
+			s.tw.insert(i, e, e.when.Load())
+		}
+		return
 	}
 }
 

@@ -7,12 +7,14 @@ import (
 	"go.uber.org/atomic"
 )
 
-// The state word of an entry packs three fields into one uint64 so that every transition is one
+// The state word of an entry packs four fields into one uint64 so that every transition is one
 // CAS that also proves the caller holds the current generation:
 //
-//	bits  0..2   state    (free, pending, firing, running, stopped, dropped, resetting, parked)
-//	bits  3..23  version  bumped by every successful Reset (21 bits)
-//	bits 24..63  gen      bumped each time the entry is taken from its slab (40 bits)
+//	bits  0..3   state    (free, pending, firing, running, stopped, dropped, resetting, parked,
+//	                      stopping)
+//	bit   4      queued   the arming's add command is in the ring: the shard has not taken it
+//	bits  5..25  version  bumped by every successful Reset (21 bits)
+//	bits 26..63  gen      bumped each time the entry is taken from its slab (38 bits)
 //
 // A Timer remembers the gen it was armed with; any word with another gen belongs to a later
 // owner of the entry, and the handle is inert. The version makes a Reset visible to the
@@ -21,10 +23,19 @@ import (
 // Reset first claims the entry (pending -> resetting): a handle that writes the deadline only
 // while it holds its own gen in the word can never write into the entry's next owner.
 //
+// The queued bit is set by whoever sends an add (the producer, arming; the worker, re-arming an
+// Every) with the move to pending, and cleared by the shard alone, when it takes that add (a CAS,
+// in applyLocked). No linked entry has it. It saves a Stop that comes before the shard took the
+// add (the common case when a timer is stopped within a tick or so) the cancel command: the
+// shard, taking the add, finds the entry stopped and frees it. Transitions keep the bit unless
+// they say otherwise.
+//
 // Transitions, and who may make them:
 //
 //	free    -> pending  the producer, on an entry it just took from its slab (a store with the
-//	                    next gen; a freed entry is free, or still stopped if a Stop ended it)
+//	                    next gen, queued; a freed entry is free, or still stopped if a Stop ended it)
+//	queued  -> not queued  the shard, taking the add: the entry is linked if pending or held,
+//	                    freed if stopped, left alone if stopping
 //	pending -> resetting  Timer.Reset claims the entry, stores the deadline,
 //	resetting -> pending  and releases it with version+1 (a CAS). Meanwhile Stop and Wheel.Stop
 //	                      wait (yield), the shard keeps the entry linked and unfired.
@@ -32,14 +43,20 @@ import (
 //	                      links it where no advance looks (wheel.park) until the Reset's command
 //	                      moves it. The Reset's release CAS then fails, so it knows to send one.
 //	parked  -> pending    Timer.Reset, releasing it (a store), then sends its reset command
-//	pending -> stopped  Timer.Stop; it then sends a cancel command, and the shard frees the entry
+//	pending -> stopped  Timer.Stop, not queued; it then sends a cancel command, and the shard
+//	                    frees the entry
+//	pending -> stopping Timer.Stop, queued: it lets go of the callback (clearEntry), then
+//	stopping -> stopped moves on with a CAS that keeps queued, and the shard frees the entry when
+//	                    it takes the add. If the shard took the add in between (its CAS cleared
+//	                    queued, and it left the entry unlinked), the CAS fails: the Stop stores
+//	                    stopped and sends a cancel, as for an entry that was never queued.
 //	pending -> firing   the shard, when the deadline is due; the entry leaves the wheel
 //	pending -> dropped  Wheel.Stop; nobody frees the entry, the wheel is garbage
 //	firing  -> stopped  Timer.Stop (the callback has not started); the worker frees the entry
 //	firing  -> free     the worker, just before a one-shot callback starts
 //	firing  -> running  the worker, just before a periodic (Every) callback starts
 //	running -> stopped  Timer.Stop during a periodic run; the worker frees the entry after it
-//	running -> pending  the worker, re-arming a periodic timer after its run
+//	running -> pending  the worker, re-arming a periodic timer after its run (queued)
 const (
 	stFree uint64 = iota
 	stPending
@@ -48,14 +65,17 @@ const (
 	stStopped
 	stDropped
 	stResetting
-	stParked // resetting, and parked by the shard: the Reset must send its command (see above)
+	stParked   // resetting, and parked by the shard: the Reset must send its command (see above)
+	stStopping // a Stop of a queued entry, between its two steps (see above)
 
-	stateBits   = 3
-	versionBits = 21
-	genShift    = stateBits + versionBits
-	stateMask   = 1<<stateBits - 1
-	versionOne  = 1 << stateBits
-	versionMask = (1<<versionBits - 1) << stateBits
+	stateBits    = 4
+	stateMask    = 1<<stateBits - 1
+	queuedBit    = 1 << stateBits
+	versionShift = stateBits + 1
+	versionBits  = 21
+	versionOne   = 1 << versionShift
+	versionMask  = (1<<versionBits - 1) << versionShift
+	genShift     = versionShift + versionBits
 )
 
 func stateOf(w uint64) uint64       { return w & stateMask }
@@ -63,9 +83,10 @@ func genOf(w uint64) uint64         { return w >> genShift }
 func isGen(w, gen uint64) bool      { return genOf(w) == gen }
 func isState(w, s uint64) bool      { return stateOf(w) == s }
 func isHeld(w uint64) bool          { return isState(w, stResetting) || isState(w, stParked) }
+func isQueued(w uint64) bool        { return w&queuedBit != 0 }
 func withState(w, s uint64) uint64  { return w&^stateMask | s }
 func bumpVersion(w uint64) uint64   { return w&^versionMask | (w+versionOne)&versionMask }
-func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | stPending }
+func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | queuedBit | stPending }
 
 // entry is one timer. Entries live in their shard's slab (pool.go) and are reused; the gen in
 // the state word tells one use from the next.
@@ -135,6 +156,15 @@ func (t Timer) Stop() bool {
 		case stResetting, stParked:
 			runtime.Gosched() // a Reset holds the entry for two stores
 		case stPending, stFiring, stRunning:
+			if isQueued(w) { // pending, and its add is still in the ring
+				if !e.state.CompareAndSwap(w, withState(w, stStopping)) {
+					continue
+				}
+				t.s.stopped.Inc()
+				t.s.releasePending(1)
+				t.stopQueued(e, w)
+				return true
+			}
 			if !e.state.CompareAndSwap(w, withState(w, stStopped)) {
 				continue // the word moved on: look again
 			}
@@ -162,6 +192,23 @@ func (t Timer) Stop() bool {
 			return false
 		}
 	}
+}
+
+// stopQueued is the rest of a Stop that moved a queued entry from word w to stopping: its add
+// is in the ring, so the shard has not linked the entry, and no command but that add refers to
+// it. 1. Let go of the callback; while the entry is stopping nobody else reads f or arg (no
+// worker has it, and the shard reads only state and when) and nobody frees it. 2. Hand the
+// entry to the add (stopped, still queued): the shard, taking it, frees the entry, and the
+// CAS orders step 1 before that. Paused between 1 and 2, the entry waits stopping; the shard
+// that takes the add meanwhile clears queued and leaves it, and then 3. the CAS fails, and the
+// Stop finishes as a Stop of a taken entry does: stopped, and a cancel command that frees it.
+func (t Timer) stopQueued(e *entry, w uint64) {
+	clearEntry(e) // 1.
+	if e.state.CompareAndSwap(withState(w, stStopping), withState(w, stStopped)) {
+		return // 2.
+	}
+	e.state.Store(withState(w&^queuedBit, stStopped)) // 3.
+	t.s.send(t.i, t.gen, opCancel)
 }
 
 // Reset re-arms a pending timer to fire d from now and reports true. If the timer has fired, is
@@ -212,11 +259,16 @@ func (t Timer) claim(e *entry) (uint64, bool) {
 func (t Timer) release(e *entry, w uint64, when int64) {
 	old := e.when.Load()
 	e.when.Store(when)
-	// 3. The CAS fails only if the shard parked the entry meanwhile (the one move another
-	// goroutine may make on a held entry); then only a command brings it back.
-	parked := !e.state.CompareAndSwap(withState(w, stResetting), bumpVersion(w))
-	if parked {
-		e.state.Store(bumpVersion(w))
+	// 3. Two moves of other goroutines may make the CAS fail: the shard took the entry's add
+	// (it cleared queued: look again), or it parked the entry, which is linked and so not
+	// queued (then only a command brings it back).
+	held, parked := withState(w, stResetting), false
+	for !e.state.CompareAndSwap(held, bumpVersion(withState(held, stPending))) {
+		if held = e.state.Load(); isState(held, stParked) {
+			e.state.Store(bumpVersion(withState(held, stPending)))
+			parked = true
+			break
+		}
 	}
 	if when >= old && !parked {
 		// 4. Later (a keep-alive): the entry stays where it is linked, which is never after its

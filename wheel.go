@@ -513,6 +513,16 @@ func (w *wheel) position(e *entry) (lv, sl int, ln uint8, ok bool) {
 	return 0, 0, 0, false
 }
 
+// notLinkable reports a linked entry in a state no linked entry has: queued (the shard links an
+// entry only as it takes the add, clearing the bit) or stopping (only a queued entry stops that
+// way). For verify.
+func notLinkable(e *entry) error {
+	if st := e.state.Load(); isQueued(st) || isState(st, stStopping) {
+		return fmt.Errorf("a linked entry is queued or stopping (state word %#x)", st)
+	}
+	return nil
+}
+
 // verify checks the wheel's invariants and returns the first violation: each bitmap bit matches
 // its bucket, each lane's entries link back to it (the first to the lane's reference, each other
 // to the entry before it) and are counted, each non-empty bucket is in the heap with a start at
@@ -560,6 +570,9 @@ func (w *wheel) verify() error {
 					if isState(e.state.Load(), stParked) {
 						return fmt.Errorf("level %d slot %d: a parked entry outside the held bucket", lv, sl)
 					}
+					if err := notLinkable(e); err != nil {
+						return fmt.Errorf("level %d slot %d: %w", lv, sl, err)
+					}
 					prev, i = i, e.next
 					n++
 				}
@@ -580,6 +593,9 @@ func (w *wheel) verify() error {
 				if isState(e.state.Load(), stParked) {
 					return fmt.Errorf("soon %d: a parked entry outside the held bucket", f)
 				}
+				if err := notLinkable(e); err != nil {
+					return fmt.Errorf("soon %d: %w", f, err)
+				}
 				prev, i = i, e.next
 				n++
 			}
@@ -591,6 +607,9 @@ func (w *wheel) verify() error {
 			e := w.slab.at(i)
 			if i&laneBit != 0 || e.prev != prev {
 				return fmt.Errorf("held lane %d: entry links wrong", ln)
+			}
+			if err := notLinkable(e); err != nil {
+				return fmt.Errorf("held lane %d: %w", ln, err)
 			}
 			prev, i = i, e.next
 			n++
