@@ -164,8 +164,8 @@ func WithFullPolicy(p FullPolicy) Option {
 }
 
 // WithRingSize sets the capacity of each shard's command ring (default 1024), rounded up to a
-// power of two. A producer that finds the ring full drains it into the wheel itself, so a small
-// ring costs speed, never timers. It must be at least 1.
+// power of two, and to 2 at least. A producer that finds the ring full drains it into the wheel
+// itself, so a small ring costs speed, never timers. It must be at least 1.
 func WithRingSize(n int) Option {
 	return func(o *options) error {
 		if n < 1 || n > maxRingSize {

@@ -74,8 +74,11 @@ const (
 	ringClosedResult pushResult = 1 << 3
 )
 
+// init makes a ring of size slots rounded up to a power of two, and to two at least: in a ring of
+// one slot, "published for position p" and "free for position p+1" are the same seq (p+1), so
+// a second push would overwrite a command the consumer has not taken (found by review).
 func (r *ring) init(size int) {
-	n := 1
+	n := 2
 	for n < size {
 		n <<= 1
 	}

@@ -17,7 +17,11 @@ import (
 //	bits 26..63  gen      bumped each time the entry is taken from its slab (38 bits)
 //
 // A Timer remembers the gen it was armed with; any word with another gen belongs to a later
-// owner of the entry, and the handle is inert. The version makes a Reset visible to the
+// owner of the entry, and the handle is inert. A gen repeats only after 2^38 armings of one
+// entry: the slab hands entries out last in, first out, and a drain frees a ring's worth at a
+// time, so in an arm-and-stop loop one entry is re-armed about once per ring of arms: at 15M
+// pairs a second on one shard with the default ring (1024), 2^38 armings take about 200 days.
+// Only a handle kept that long, and used at the wrong moment, could touch a later owner. The version makes a Reset visible to the
 // shard's expiry CAS: the shard reads the word, then the deadline, then CASes the word it read,
 // so a Reset that stored a new deadline in between makes that CAS fail and the shard re-reads.
 // Reset first claims the entry (pending -> resetting): a handle that writes the deadline only
