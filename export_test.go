@@ -203,7 +203,42 @@ type Held struct {
 	pos  uint64
 	i    uint32
 	cmd  uint64
+	when int64 // an add's deadline, which its producer notes after the publish
 }
+
+// ArmHeld is AfterFuncArg paused after it claimed its add's ring slot, before it publishes it:
+// the arm has not returned, so only the Held knows the timer; Publish finishes the arm, and
+// Timer is then its handle. It panics where AfterFuncArg would return an error or the ring is
+// full (the tests keep rings roomy).
+func (w *Wheel) ArmHeld(d time.Duration, f func(any), arg any) *Held {
+	s := w.takeShard()
+	if s.limited && !s.reservePending() {
+		panic("ArmHeld: WithMaxPending")
+	}
+	i, e, gen := s.slab.newEntry()
+	if e == nil {
+		panic("ArmHeld: slab full")
+	}
+	e.f, e.arg = f, arg
+	when := w.deadline(d)
+	e.when.Store(when)
+	slot, pos, res := s.ring.claim()
+	if slot == nil {
+		panic(fmt.Sprintf("ArmHeld: ring push result %d", res))
+	}
+	return &Held{s: s, slot: slot, pos: pos, i: i, cmd: gen<<opBits | opAdd, when: when}
+}
+
+// Timer is the handle of the timer a held arm makes (the zero Timer for a held Stop).
+func (h *Held) Timer() Timer {
+	if h.cmd&opMask != opAdd {
+		return Timer{}
+	}
+	return Timer{s: h.s, i: h.i, gen: h.cmd >> opBits}
+}
+
+// IsArm reports whether the held command is an arm's add.
+func (h *Held) IsArm() bool { return h.cmd&opMask == opAdd }
 
 // StopHeld is Timer.Stop paused after its state CAS and the claim of its cancel's ring slot: it
 // reports what Stop would, and the caller must Publish the command (before Wheel.Stop, which
@@ -277,9 +312,14 @@ func (h *Held) ShardID() uintptr { return uintptr(unsafe.Pointer(h.s)) }
 // ShardID names the timer's home shard (0 for the zero Timer).
 func (t Timer) ShardID() uintptr { return uintptr(unsafe.Pointer(t.s)) }
 
-// Publish lets the paused producer go on: it publishes the command, as Stop's send does.
+// Publish lets the paused producer go on: it publishes the command, as send does, and an arm
+// then counts and notes its deadline, as schedule does.
 func (h *Held) Publish() {
 	if h.s.ring.publish(h.slot, h.pos, h.i, h.cmd)&ringKick != 0 {
 		h.s.kick()
+	}
+	if h.IsArm() {
+		h.s.scheduled.Inc()
+		h.s.noteDeadline(h.when)
 	}
 }

@@ -61,7 +61,11 @@ type mTimer struct {
 	late bool
 	// hold releases a Reset of this timer paused between its claim and its release (nil if
 	// none): meanwhile the timer must not fire, and the harness neither stops nor resets it.
-	hold   func()
+	hold func()
+	// arming is the arm of this timer, paused before it published its add (nil once it did):
+	// until then the arm has not returned, nobody holds the handle, and the wheel does not count
+	// the timer or know of it, so it must not fire.
+	arming *sw.Held
 	runs   int // callbacks that ran
 	handle sw.Timer
 }
@@ -128,7 +132,7 @@ func (m *model) maybe(t *mTimer) bool { return m.now == math.MaxInt64 && m.beyon
 func (m *model) pending() int {
 	n := 0
 	for _, t := range m.timers {
-		if t.state == mPending {
+		if t.state == mPending && t.arming == nil {
 			n++
 		}
 	}
@@ -205,6 +209,24 @@ func (h *relHarness) schedule(d time.Duration, useArg bool) {
 	h.checkLen()
 }
 
+// armHeld is schedule, paused after the claim of its add's ring slot; publish lets it go on.
+// The timer waits behind its own slot (and those held before it on its shard), so it fires at
+// the first Advance after the publish if it is due by then (late). It shares maxHeld with
+// stopHeld.
+func (h *relHarness) armHeld(d time.Duration) {
+	if len(h.held) == maxHeld {
+		return
+	}
+	id := len(h.m.timers)
+	hd := h.w.ArmHeld(d, h.argFns, id)
+	h.logf("t%d = AfterFuncArg(%d) at %d, paused before it publishes (held %d)", id, int64(d), h.m.now, len(h.held))
+	tm := hd.Timer()
+	h.m.timers = append(h.m.timers, &mTimer{id: id, armed: h.m.now, delay: int64(d), handle: tm,
+		waits: append(h.holdsOn(tm), hd), arming: hd})
+	h.held = append(h.held, hd)
+	h.checkLen()
+}
+
 func (h *relHarness) every(d time.Duration) {
 	if h.m.now == math.MaxInt64 {
 		return // see relAdvance: Every at the end of time is TestClockEveryAtEndOfTime's subject
@@ -224,7 +246,7 @@ func (h *relHarness) pick(i int) *mTimer {
 	if len(h.m.timers) == 0 {
 		return nil
 	}
-	if mt := h.m.timers[i%len(h.m.timers)]; mt.hold == nil {
+	if mt := h.m.timers[i%len(h.m.timers)]; mt.hold == nil && mt.arming == nil {
 		return mt
 	}
 	return nil
@@ -246,10 +268,12 @@ func (h *relHarness) stop(i int) {
 	h.checkLen()
 }
 
+// maxHeld bounds the commands paused at once (stopHeld, armHeld), so that what queues behind
+// them fits in the ring.
+const maxHeld = 4
+
 // stopHeld is stop, paused after the claim of the cancel's ring slot; publish lets it go on.
-// At most maxHeld are paused at once, so that what queues behind them fits in the ring.
 func (h *relHarness) stopHeld(i int) {
-	const maxHeld = 4
 	mt := h.pick(i)
 	if mt == nil || len(h.held) == maxHeld {
 		return
@@ -278,6 +302,14 @@ func (h *relHarness) publish(i int) {
 	hd := h.held[i]
 	hd.Publish()
 	h.held = slices.Delete(h.held, i, i+1)
+	if hd.IsArm() {
+		for _, mt := range h.m.timers {
+			if mt.arming == hd {
+				mt.arming = nil
+				h.stats.scheduled++ // the arm counts the timer once it published
+			}
+		}
+	}
 	for _, mt := range h.m.timers {
 		if mt.behind() {
 			if mt.waits = slices.DeleteFunc(mt.waits, func(w *sw.Held) bool { return w == hd }); !mt.behind() {
@@ -378,8 +410,8 @@ func (h *relHarness) advance(d time.Duration) {
 	want := map[int]uint64{}  // id -> due tick: must fire
 	maybe := map[int]uint64{} // may fire (past the end of time)
 	for _, mt := range h.m.timers {
-		if mt.hold != nil {
-			continue // a paused Reset holds it: it must not fire
+		if mt.hold != nil || mt.arming != nil {
+			continue // a paused Reset holds it, or its arm has not published: it must not fire
 		}
 		if mt.state == mPending && h.m.due(mt) && !mt.behind() {
 			want[mt.id] = h.m.key(mt)
@@ -579,7 +611,10 @@ func (r *relBytes) advance(tick int64) time.Duration {
 }
 
 // relRun decodes data into a sequence of operations and runs it against a Wheel and the model.
-func relRun(t testing.TB, data []byte) {
+//
+// With armHeld, a schedule op with bit 32 set pauses the arm before it publishes its add
+// (FuzzWheelArmHeld); without, the bit means nothing, as in FuzzWheel's corpus.
+func relRun(t testing.TB, data []byte, armHeld bool) {
 	r := &relBytes{b: data}
 	tick := relTicks[int(r.u8())%len(relTicks)]
 	shards := 1 + int(r.u8()%4)
@@ -591,7 +626,11 @@ func relRun(t testing.TB, data []byte) {
 		}
 		switch op % 10 {
 		case 0, 1, 2:
-			h.schedule(r.delay(int64(tick)), op&16 != 0)
+			if armHeld && op&32 != 0 {
+				h.armHeld(r.delay(int64(tick)))
+			} else {
+				h.schedule(r.delay(int64(tick)), op&16 != 0)
+			}
 		case 3:
 			if op&32 != 0 {
 				h.stopHeld(int(r.u16()))
@@ -657,8 +696,9 @@ func TestModelRandomSequences(t *testing.T) {
 		for j := range data {
 			data[j] = byte(rng.Uint32())
 		}
-		if !t.Run(fmt.Sprint(i), func(t *testing.T) { relRun(t, data) }) {
-			t.Logf("failing input: %q", data)
+		armHeld := i%2 == 1 // half of them pause arms too (FuzzWheelArmHeld's decoding)
+		if !t.Run(fmt.Sprint(i), func(t *testing.T) { relRun(t, data, armHeld) }) {
+			t.Logf("failing input (armHeld %v): %q", armHeld, data)
 			return
 		}
 	}
