@@ -21,15 +21,17 @@ import (
 // entry: the slab hands entries out last in, first out, and a drain frees a ring's worth at a
 // time, so in an arm-and-stop loop one entry is re-armed about once per ring of arms: at 15M
 // pairs a second on one shard with the default ring (1024), 2^38 armings take about 200 days.
-// Only a handle kept that long, and used at the wrong moment, could touch a later owner. The version makes a Reset visible to the
-// shard's expiry CAS: the shard reads the word, then the deadline, then CASes the word it read,
-// so a Reset that stored a new deadline in between makes that CAS fail and the shard re-reads.
-// Reset first claims the entry (pending -> resetting): a handle that writes the deadline only
-// while it holds its own gen in the word can never write into the entry's next owner.
+// Only a handle kept that long, and used at the wrong moment, could touch a later owner.
+//
+// The version makes a Reset visible to the shard's expiry CAS: the shard reads the word, then the
+// deadline, then CASes the word it read, so a Reset that stored a new deadline in between makes
+// that CAS fail and the shard re-reads. Reset first claims the entry (pending -> resetting): a
+// handle that writes the deadline only while it holds its own gen in the word can never write
+// into the entry's next owner.
 //
 // The queued bit is set by whoever sends an add (the producer, arming; the worker, re-arming an
 // Every) with the move to pending, and cleared by the shard alone, when it takes that add (a CAS,
-// in applyLocked). No linked entry has it. It saves a Stop that comes before the shard took the
+// in shard.takeAddLocked). No linked entry has it. It saves a Stop that comes before the shard took the
 // add (the common case when a timer is stopped within a tick or so) the cancel command: the
 // shard, taking the add, finds the entry stopped and frees it. Transitions keep the bit unless
 // they say otherwise.
@@ -145,7 +147,8 @@ type Timer struct {
 // start, also when Stop is called while a run is in progress.
 //
 // Stop never blocks on the wheel: it is one CAS plus, for a timer still in the wheel, one command
-// in its shard's ring so that the entry is freed promptly.
+// in its shard's ring so that the entry is freed promptly; for a timer whose add the shard has not
+// taken yet, two CASes and no command (the shard frees the entry when it takes the add).
 func (t Timer) Stop() bool {
 	if t.s == nil {
 		return false
@@ -200,7 +203,7 @@ func (t Timer) Stop() bool {
 
 // stopQueued is the rest of a Stop that moved a queued entry from word w to stopping: its add
 // is in the ring, so the shard has not linked the entry, and no command but that add refers to
-// it. 1. Let go of the callback; while the entry is stopping nobody else reads f or arg (no
+// it (a Reset's command may follow it; the gen and the state make that one harmless). 1. Let go of the callback; while the entry is stopping nobody else reads f or arg (no
 // worker has it, and the shard reads only state and when) and nobody frees it. 2. Hand the
 // entry to the add (stopped, still queued): the shard, taking it, frees the entry, and the
 // CAS orders step 1 before that. Paused between 1 and 2, the entry waits stopping; the shard
