@@ -262,8 +262,14 @@ func TestQueuedEveryRearmStuckInSendResetThenStopped(t *testing.T) {
 	w, clk, ev, runs, held := everyStuckInSend(t)
 	defer w.Stop()
 	done := make(chan bool)
+	e := ev.s.slab.at(ev.i)
+	v0 := e.state.Load() & versionMask
 	go func() { done <- ev.Reset(time.Millisecond) }() // earlier: its command waits for the ring too
-	time.Sleep(5 * time.Millisecond)
+	// Stop once the Reset has released the entry (a new version); its command waits in send.
+	for deadline := time.Now().Add(5 * time.Second); e.state.Load()&versionMask == v0; {
+		require.True(t, time.Now().Before(deadline), "the Reset never released the entry")
+		time.Sleep(time.Millisecond)
+	}
 	require.True(t, ev.Stop())
 	held.Publish()
 	require.True(t, <-done)
@@ -339,35 +345,6 @@ func TestStopQueuedPausedAcrossWheelStop(t *testing.T) {
 	st := w.Stats()
 	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped, "%+v", st)
 	require.EqualValues(t, 1, st.Stopped)
-}
-
-// A Reset holding a queued entry while the shard takes the add and an Advance meets it (parks
-// it): the release finds it parked, sends its command, and the timer fires at the new deadline.
-func TestQueuedResetHeldParkedAfterAdd(t *testing.T) {
-	for _, d := range []time.Duration{3 * time.Millisecond, 20 * time.Millisecond} {
-		t.Run(d.String(), func(t *testing.T) {
-			w, clk, since := parkWheel(t)
-			var at []time.Duration
-			tm, err := w.AfterFunc(5*time.Millisecond, func() { at = append(at, since()) })
-			require.NoError(t, err)
-			require.True(t, tm.Queued())
-			ok, release := tm.ResetHeld(d)
-			require.True(t, ok)
-			clk.Advance(5 * time.Millisecond) // drains (links the held entry) and meets it: parked
-			require.True(t, isParked(w, tm))
-			require.Empty(t, at)
-			release()
-			require.False(t, tm.Queued())
-			if d > 5*time.Millisecond {
-				clk.Advance(d - since() - 1)
-				require.Empty(t, at, "early")
-			}
-			clk.Advance(max(0, d-since()))
-			require.Equal(t, []time.Duration{max(d, 5*time.Millisecond)}, at)
-			require.NoError(t, w.Verify())
-			requireBalanced(t, w)
-		})
-	}
 }
 
 // WithRingSize(1) (documented: "It must be at least 1") makes a one-slot Vyukov ring, where

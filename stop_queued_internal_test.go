@@ -1,6 +1,7 @@
 package shardwheel
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -107,33 +108,48 @@ func TestStopQueuedFinishedBeforeTheAdd(t *testing.T) {
 }
 
 // A Reset claims a queued entry, the shard takes the add (clearing queued under the Reset's
-// feet), and the Reset's release CAS fails for that, not because the entry was parked: it
-// retries, keeps the timer where the add linked it, and the timer fires at the new deadline.
+// feet), and the Reset's release CAS fails for that: it retries, keeps the timer where the add
+// linked it, and the timer fires at the new deadline. With park, an Advance to the old deadline
+// takes the add and meets the held entry too: it parks it, the release finds it parked and sends
+// its command, and the timer fires at the later of the two deadlines (a review's case).
 func TestResetOfQueuedEntryWhileTheShardTakesTheAdd(t *testing.T) {
-	for _, d := range []time.Duration{2 * time.Millisecond, 10 * time.Millisecond} { // earlier, later
-		t.Run(d.String(), func(t *testing.T) {
-			w, clk, since := parkWheel(t)
-			var at []time.Duration
-			tm, err := w.AfterFunc(5*time.Millisecond, func() { at = append(at, since()) })
-			require.NoError(t, err)
-			require.True(t, tm.Queued())
-			ok, release := tm.ResetHeld(d)
-			require.True(t, ok)
-			takeRing(tm.s)
-			require.False(t, tm.Queued())
-			require.True(t, tm.s.slab.at(tm.i).linked(), "the add links a held entry")
-			release()
-			require.False(t, tm.Queued(), "the release keeps the bit the shard cleared")
-			require.False(t, isParked(w, tm))
-			clk.Advance(d - time.Nanosecond)
-			require.Empty(t, at, "never early")
-			clk.Advance(time.Nanosecond)
-			require.Equal(t, []time.Duration{d}, at)
-			clk.Advance(time.Hour)
-			require.Len(t, at, 1)
-			require.NoError(t, w.Verify())
-			requireBalanced(t, w)
-		})
+	const armed = 5 * time.Millisecond
+	for _, park := range []bool{false, true} {
+		for _, d := range []time.Duration{2 * time.Millisecond, 10 * time.Millisecond} { // earlier, later
+			t.Run(fmt.Sprintf("park=%v/%v", park, d), func(t *testing.T) {
+				w, clk, since := parkWheel(t)
+				var at []time.Duration
+				tm, err := w.AfterFunc(armed, func() { at = append(at, since()) })
+				require.NoError(t, err)
+				require.True(t, tm.Queued())
+				ok, release := tm.ResetHeld(d)
+				require.True(t, ok)
+				want := d
+				if park {
+					clk.Advance(armed)
+					require.True(t, isParked(w, tm))
+					require.Empty(t, at)
+					want = max(d, armed)
+				} else {
+					takeRing(tm.s)
+					require.True(t, tm.s.slab.at(tm.i).linked(), "the add links a held entry")
+				}
+				require.False(t, tm.Queued())
+				release()
+				require.False(t, tm.Queued(), "the release keeps the bit the shard cleared")
+				require.Equal(t, park, isParked(w, tm), "parked until the release's command is taken")
+				if want > since() {
+					clk.Advance(want - since() - time.Nanosecond)
+					require.Empty(t, at, "never early")
+				}
+				clk.Advance(want - since())
+				require.Equal(t, []time.Duration{want}, at)
+				clk.Advance(time.Hour)
+				require.Len(t, at, 1)
+				require.NoError(t, w.Verify())
+				requireBalanced(t, w)
+			})
+		}
 	}
 }
 
