@@ -233,7 +233,7 @@ func (w *Wheel) ArmHeld(d time.Duration, f func(any), arg any) *Held {
 	if slot == nil {
 		panic(fmt.Sprintf("ArmHeld: ring push result %d", res))
 	}
-	return &Held{s: s, slot: slot, pos: pos, i: i, cmd: gen<<opBits | opAdd, when: when}
+	return &Held{s: s, slot: slot, pos: pos, i: i, cmd: gen << opBits /* | opAdd, which is 0 */, when: when}
 }
 
 // Timer is the handle of the timer a held arm makes (the zero Timer for a held Stop).
