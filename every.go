@@ -118,7 +118,15 @@ func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatc
 		}
 		return
 	}
-	s.noteDeadline(when)
+	// The user holds this timer's handle, so a Reset may have come between the CAS above and
+	// the send, lowering the deadline; its command, if it went into the ring ahead of this add,
+	// found the entry unlinked and was ignored, and the advance that took it may have published
+	// a later next meanwhile. The add links the entry at the Reset's deadline, so that is the
+	// one to note: the Reset stored it before it claimed its slot, which came before this add's,
+	// so this load sees it. (A Reset whose command follows the add moves the entry itself, and
+	// noted its deadline.) At worst this notes a deadline earlier than needed, which costs a
+	// visit. Found by review: the run started up to an interval late (TestEveryRearmResetEarlier).
+	s.noteDeadline(min(when, e.when.Load()))
 }
 
 // nextStep returns how far after due the next run of a series with the given interval is due:

@@ -240,32 +240,51 @@ func everyStuckInSend(t *testing.T) (*Wheel, *ManualClock, Timer, *atomic.Int32,
 	return w, clk, ev, &runs, held
 }
 
+// takeThrough lets the shard take its ring until its head reaches pos: the commands up to
+// there (the worker's add among them) were published and taken. It waits for the worker rather
+// than sleeping a fixed time.
+func takeThrough(t *testing.T, s *shard, pos uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		takeRing(s)
+		s.mu.Lock()
+		h := s.head
+		s.mu.Unlock()
+		if h >= pos {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the worker never published its add (head %d, want %d)", h, pos)
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A Stop between the worker's re-arm CAS and its add: true, no further run, and the entry freed
+// once (the add, taken after the two held slots: head+3, is waited for, not slept for).
 func TestQueuedEveryRearmStuckInSendThenStopped(t *testing.T) {
 	w, clk, ev, runs, held := everyStuckInSend(t)
 	defer w.Stop()
-	require.True(t, ev.Stop(), "a Stop between the re-arm CAS and its add")
-	require.False(t, ev.Stop())
-	held.Publish() // the worker's add goes through now
-	time.Sleep(10 * time.Millisecond)
+	head := commands(ev.s) - 2
+	require.True(t, ev.Stop())
+	held.Publish()
 	clk.Advance(time.Hour)
-	time.Sleep(10 * time.Millisecond)
 	clk.Advance(time.Hour)
-	require.Equal(t, int32(1), runs.Load(), "the series ran after Stop reported true")
+	takeThrough(t, ev.s, head+3)
+	require.Equal(t, int32(1), runs.Load())
 	require.Zero(t, w.Len())
 	require.NoError(t, w.Verify())
 	requireBalanced(t, w)
-	takeRing(ev.s)
 	freeStackAudit(t, w)
 }
 
+// The same with a Reset to an earlier deadline first (its command and the worker's add: head+4).
 func TestQueuedEveryRearmStuckInSendResetThenStopped(t *testing.T) {
 	w, clk, ev, runs, held := everyStuckInSend(t)
 	defer w.Stop()
+	head := commands(ev.s) - 2
 	done := make(chan bool)
 	e := ev.s.slab.at(ev.i)
 	v0 := e.state.Load() & versionMask
-	go func() { done <- ev.Reset(time.Millisecond) }() // earlier: its command waits for the ring too
-	// Stop once the Reset has released the entry (a new version); its command waits in send.
+	go func() { done <- ev.Reset(time.Millisecond) }()
 	for deadline := time.Now().Add(5 * time.Second); e.state.Load()&versionMask == v0; {
 		require.True(t, time.Now().Before(deadline), "the Reset never released the entry")
 		time.Sleep(time.Millisecond)
@@ -273,39 +292,37 @@ func TestQueuedEveryRearmStuckInSendResetThenStopped(t *testing.T) {
 	require.True(t, ev.Stop())
 	held.Publish()
 	require.True(t, <-done)
-	time.Sleep(10 * time.Millisecond)
 	clk.Advance(time.Hour)
-	time.Sleep(10 * time.Millisecond)
 	clk.Advance(time.Hour)
+	takeThrough(t, ev.s, head+4)
 	require.Equal(t, int32(1), runs.Load())
 	require.Zero(t, w.Len())
 	require.NoError(t, w.Verify())
 	requireBalanced(t, w)
-	takeRing(ev.s)
 	freeStackAudit(t, w)
 }
 
+// A Reset alone while the worker waits: the next run comes at the Reset's deadline. After the
+// Advance to it the test Advances by 0 until the run starts, which a correct wheel does as soon as
+// the worker's add is in; with the lost wake-up of TestEveryRearmResetEarlier the shard's next
+// stays at the stale 20 ms and Advance(0) at 13 ms does not look at the shard.
 func TestQueuedEveryRearmStuckInSendReset(t *testing.T) {
 	w, clk, ev, runs, held := everyStuckInSend(t)
 	defer w.Stop()
 	done := make(chan bool)
 	go func() { done <- ev.Reset(3 * time.Millisecond) }() // due at 13 ms
-	time.Sleep(5 * time.Millisecond)
 	held.Publish()
 	require.True(t, <-done)
-	time.Sleep(10 * time.Millisecond)
 	clk.Advance(3*time.Millisecond - 1)
-	time.Sleep(10 * time.Millisecond)
+	time.Sleep(10 * time.Millisecond) // (a negative check: a sleep can only miss an early run)
 	require.Equal(t, int32(1), runs.Load(), "early")
 	clk.Advance(1)
-	deadline := time.Now().Add(2 * time.Second)
-	for runs.Load() != 2 && time.Now().Before(deadline) {
+	for deadline := time.Now().Add(5 * time.Second); runs.Load() != 2 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
+		clk.Advance(0)
 	}
-	require.Equal(t, int32(2), runs.Load(), "not run at the Reset's deadline")
+	require.Equal(t, int32(2), runs.Load(), "not run at the Reset's deadline (clock at %v)", clk.Now().Sub(time.Unix(0, 0)))
 	require.True(t, ev.Stop())
-	time.Sleep(10 * time.Millisecond)
-	requireBalanced(t, w)
 }
 
 func TestQueuedEveryRearmStuckInSendWheelStop(t *testing.T) {
@@ -380,7 +397,7 @@ func TestRingOfOneWheelStopReturns(t *testing.T) {
 	select {
 	case <-done:
 		return
-	case <-time.After(500 * time.Millisecond):
+	case <-time.After(5 * time.Second):
 	}
 	// Unstick the drop loop so the goroutine exits (goleak): hand the consumer the sequence
 	// numbers it waits for (1 at pos 0, then 2 at pos 1), alternately, until Stop returns.
@@ -390,7 +407,7 @@ func TestRingOfOneWheelStopReturns(t *testing.T) {
 		s.ring.slots[0].seq.Store(1 + k%2)
 		select {
 		case <-done:
-			t.Fatal("Wheel.Stop hung on a ring of one slot (released by hand after 500 ms)")
+			t.Fatal("Wheel.Stop hung on a ring of one slot (released by hand after 5 s)")
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
