@@ -258,6 +258,22 @@ func takeThrough(t *testing.T, s *shard, pos uint64) {
 	}
 }
 
+// requireSeriesEnded checks an Every stopped while its worker waited to send the re-arm's add:
+// once the shard has taken the commands up to pos (the add among them) and two hours passed, it
+// ran once, nothing is pending, the counters balance, and its entry is back on the free stack
+// exactly once.
+func requireSeriesEnded(t *testing.T, w *Wheel, clk *ManualClock, ev Timer, runs *atomic.Int32, pos uint64) {
+	t.Helper()
+	clk.Advance(time.Hour)
+	clk.Advance(time.Hour)
+	takeThrough(t, ev.s, pos)
+	require.Equal(t, int32(1), runs.Load())
+	require.Zero(t, w.Len())
+	require.NoError(t, w.Verify())
+	requireBalanced(t, w)
+	freeStackAudit(t, w)
+}
+
 // A Stop between the worker's re-arm CAS and its add: true, no further run, and the entry freed
 // once (the add, taken after the two held slots: head+3, is waited for, not slept for).
 func TestQueuedEveryRearmStuckInSendThenStopped(t *testing.T) {
@@ -266,14 +282,7 @@ func TestQueuedEveryRearmStuckInSendThenStopped(t *testing.T) {
 	head := commands(ev.s) - 2
 	require.True(t, ev.Stop())
 	held.Publish()
-	clk.Advance(time.Hour)
-	clk.Advance(time.Hour)
-	takeThrough(t, ev.s, head+3)
-	require.Equal(t, int32(1), runs.Load())
-	require.Zero(t, w.Len())
-	require.NoError(t, w.Verify())
-	requireBalanced(t, w)
-	freeStackAudit(t, w)
+	requireSeriesEnded(t, w, clk, ev, runs, head+3)
 }
 
 // The same with a Reset to an earlier deadline first (its command and the worker's add: head+4).
@@ -292,14 +301,7 @@ func TestQueuedEveryRearmStuckInSendResetThenStopped(t *testing.T) {
 	require.True(t, ev.Stop())
 	held.Publish()
 	require.True(t, <-done)
-	clk.Advance(time.Hour)
-	clk.Advance(time.Hour)
-	takeThrough(t, ev.s, head+4)
-	require.Equal(t, int32(1), runs.Load())
-	require.Zero(t, w.Len())
-	require.NoError(t, w.Verify())
-	requireBalanced(t, w)
-	freeStackAudit(t, w)
+	requireSeriesEnded(t, w, clk, ev, runs, head+4)
 }
 
 // A Reset alone while the worker waits: the next run comes at the Reset's deadline. After the
