@@ -65,7 +65,9 @@ func (c *ManualClock) isClock() {}
 // Advance panics if d is negative: time does not go backwards. Called from a callback while
 // another Advance of the wheel is in progress, it moves the clock and returns at once; the
 // Advance in progress goes on to the new time before it returns. A timer armed with d <= 0 by a
-// callback of this Advance fires at the next one.
+// callback of this Advance is due at the clock's new time: it fires in this Advance if the
+// callback ran in a round at an earlier instant, and at the next Advance if it ran in the round
+// at the new time (else a callback that re-arms itself would keep Advance from returning).
 func (c *ManualClock) Advance(d time.Duration) {
 	if d < 0 {
 		panic(fmt.Sprintf("shardwheel: ManualClock.Advance(%v): duration must not be negative", d))
