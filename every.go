@@ -125,7 +125,9 @@ func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatc
 	// one to note: the Reset stored it before it claimed its slot, which came before this add's,
 	// so this load sees it. (A Reset whose command follows the add moves the entry itself, and
 	// noted its deadline.) At worst this notes a deadline earlier than needed, which costs a
-	// visit. Found by review: the run started up to an interval late (TestEveryRearmResetEarlier).
+	// visit: so too when a Stop came and the add freed the entry before this load, which then
+	// reads its free-stack link, a small number, or a later arming's deadline. Found by review:
+	// the run started up to an interval late (TestEveryRearmResetEarlier).
 	s.noteDeadline(min(when, e.when.Load()))
 }
 

@@ -39,8 +39,9 @@ import (
 // caller's goroutine (clock.go) and the workers only run the chunks it dispatches.
 
 // testHookReleased, testHookSleep and testHookCollected, set only by tests, run in releaseLater
-// right after the role is let go (before its read of the groups), in keep right before the keeper's select, and in keep right
-// after collect claimed something due (with what it claimed): a goroutine paused there.
+// right after the role is let go (before its read of the groups), in keep right before the
+// keeper's select, and in keep right after collect claimed something due (with what it
+// claimed): a goroutine paused there.
 var (
 	testHookReleased, testHookSleep func(*Wheel)
 	testHookCollected               func(w *Wheel, due []*shard)
@@ -276,8 +277,9 @@ func (w *Wheel) release() {
 // by step 2's read of the groups; one noted after that signals (target holds the watchdog's
 // moment), and signal nudges while the role is free. Step 2 nudges and returns without a
 // watchdog: the nudge comes after the role is free, so the worker that takes the token tries for
-// the role after that. A wake token left in wake is the next keeper's: its select finds it. A step that leaves more to do,
-// or fires more than a few callbacks, hands the role over at once (hurry).
+// the role after that. A wake token left in wake is the next keeper's: its select finds it. A
+// step that leaves more to do, or fires more than a few callbacks, hands the role over at once
+// (hurry).
 func (w *Wheel) releaseLater(wk *worker, now, next, first int64) {
 	// 1. target before the role is free: a producer that reads it and finds its deadline
 	//    earlier signals, and signal nudges (the watchdog would come too late for it).

@@ -275,7 +275,8 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 //     an earlier one sends a reset command, which follows this one and moves the entry; a later
 //     one leaves it to expire);
 //   - stopped: a Stop came first and sent no cancel; free it. Its CAS to stopped ordered its
-//     clearEntry before this;
+//     clearEntry before this, and nobody moves a stopped word (a stale Stop or Reset finds it
+//     stopped and does nothing), so there is no CAS to make: the add is its only freer;
 //   - stopping: a Stop is between its two steps; leave it, that Stop sends a cancel.
 //
 // An add with another gen, or of an entry that is no longer queued, is not this arming's: such

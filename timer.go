@@ -30,11 +30,11 @@ import (
 // into the entry's next owner.
 //
 // The queued bit is set by whoever sends an add (the producer, arming; the worker, re-arming an
-// Every) with the move to pending, and cleared by the shard alone, when it takes that add (a CAS,
-// in shard.takeAddLocked). No linked entry has it. It saves a Stop that comes before the shard took the
-// add (the common case when a timer is stopped within a tick or so) the cancel command: the
-// shard, taking the add, finds the entry stopped and frees it. Transitions keep the bit unless
-// they say otherwise.
+// Every) with the move to pending, and cleared by the shard alone, when it takes that add (a
+// CAS, in shard.takeAddLocked). No linked entry has it. It saves a Stop that comes before the
+// shard took the add (the common case when a timer is stopped within a tick or so) the cancel
+// command: the shard, taking the add, finds the entry stopped and frees it. Transitions keep the
+// bit unless they say otherwise.
 //
 // Transitions, and who may make them:
 //
@@ -163,21 +163,19 @@ func (t Timer) Stop() bool {
 		case stResetting, stParked:
 			runtime.Gosched() // a Reset holds the entry for two stores
 		case stPending, stFiring, stRunning:
-			if isQueued(w) { // pending, and its add is still in the ring
-				if !e.state.CompareAndSwap(w, withState(w, stStopping)) {
-					continue
-				}
-				t.s.stopped.Inc()
-				t.s.releasePending(1)
-				t.stopQueued(e, w)
-				return true
+			to := stStopped
+			if isQueued(w) {
+				to = stStopping // pending, and its add is still in the ring: see stopQueued
 			}
-			if !e.state.CompareAndSwap(w, withState(w, stStopped)) {
+			if !e.state.CompareAndSwap(w, withState(w, to)) {
 				continue // the word moved on: look again
 			}
 			t.s.stopped.Inc()
 			t.s.releasePending(1) // the timer's own shard: WithMaxPending is striped (pending.go)
-			if isState(w, stPending) {
+			switch {
+			case isQueued(w):
+				t.stopQueued(e, w)
+			case isState(w, stPending):
 				// Let go of the callback now, not when the shard gets to the command below
 				// (on a quiet shard, that may be the timer's deadline). No other goroutine
 				// reads f or arg of this arming from here on: the shard reads only state and
@@ -188,8 +186,9 @@ func (t Timer) Stop() bool {
 				// command, which the ring orders after these writes. From firing or running,
 				// the worker still reads them: it frees the entry itself, without delay.
 				clearEntry(e)
-				// The entry is in the ring or the wheel; the shard unlinks and frees it when it
-				// takes this command. If the ring was closed by Wheel.Stop, nobody needs it.
+				// The shard took the add, so the entry is in the wheel; the shard unlinks and
+				// frees it when it takes this command. If the ring was closed by Wheel.Stop,
+				// nobody needs it.
 				t.s.send(t.i, t.gen, opCancel)
 			}
 			// firing: dispatched, not started; the worker sees stopped and frees the entry.
@@ -203,12 +202,17 @@ func (t Timer) Stop() bool {
 
 // stopQueued is the rest of a Stop that moved a queued entry from word w to stopping: its add
 // is in the ring, so the shard has not linked the entry, and no command but that add refers to
-// it (a Reset's command may follow it; the gen and the state make that one harmless). 1. Let go of the callback; while the entry is stopping nobody else reads f or arg (no
-// worker has it, and the shard reads only state and when) and nobody frees it. 2. Hand the
-// entry to the add (stopped, still queued): the shard, taking it, frees the entry, and the
-// CAS orders step 1 before that. Paused between 1 and 2, the entry waits stopping; the shard
-// that takes the add meanwhile clears queued and leaves it, and then 3. the CAS fails, and the
-// Stop finishes as a Stop of a taken entry does: stopped, and a cancel command that frees it.
+// it (a Reset's command may follow it; the gen and the state make that one harmless).
+//  1. Let go of the callback. While the entry is stopping nobody else reads f or arg (no worker
+//     has it, and the shard reads only state and when), and nobody frees it.
+//  2. Hand the entry to the add (stopped, still queued): the shard, taking it, frees the entry,
+//     and this CAS orders step 1 before that free.
+//  3. Paused between 1 and 2, the entry waits stopping; a shard that takes the add meanwhile
+//     clears queued and leaves the entry unlinked and unfreed, so the CAS of 2 fails. Nobody
+//     else moves a stopping word, so the store is safe; the Stop finishes as a Stop of a taken
+//     entry does, with a cancel command that frees it. (Paused between the store and the
+//     send, the entry is stopped and freed by nobody yet; a Wheel.Stop meanwhile closes the
+//     ring, the send fails, and the entry goes with the wheel.)
 func (t Timer) stopQueued(e *entry, w uint64) {
 	clearEntry(e) // 1.
 	if e.state.CompareAndSwap(withState(w, stStopping), withState(w, stStopped)) {

@@ -1,6 +1,7 @@
 package shardwheel
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -513,12 +514,16 @@ func (w *wheel) position(e *entry) (lv, sl int, ln uint8, ok bool) {
 	return 0, 0, 0, false
 }
 
-// notLinkable reports a linked entry in a state no linked entry has: queued (the shard links an
-// entry only as it takes the add, clearing the bit) or stopping (only a queued entry stops that
-// way). For verify.
-func notLinkable(e *entry) error {
-	if st := e.state.Load(); isQueued(st) || isState(st, stStopping) {
+// notLinkable reports a linked entry in a state it cannot have where it is linked: queued (the
+// shard links an entry only as it takes the add, clearing the bit), stopping (only a queued
+// entry stops that way), or parked outside the held bucket (wheel.park). For verify.
+func notLinkable(e *entry, inHeld bool) error {
+	st := e.state.Load()
+	if isQueued(st) || isState(st, stStopping) {
 		return fmt.Errorf("a linked entry is queued or stopping (state word %#x)", st)
+	}
+	if isState(st, stParked) && !inHeld {
+		return errors.New("a parked entry outside the held bucket")
 	}
 	return nil
 }
@@ -567,10 +572,7 @@ func (w *wheel) verify() error {
 					if lv == 0 && w.min0[sl] > e.when.Load() {
 						return fmt.Errorf("level 0 slot %d: bound %d after a deadline %d", sl, w.min0[sl], e.when.Load())
 					}
-					if isState(e.state.Load(), stParked) {
-						return fmt.Errorf("level %d slot %d: a parked entry outside the held bucket", lv, sl)
-					}
-					if err := notLinkable(e); err != nil {
+					if err := notLinkable(e, false); err != nil {
 						return fmt.Errorf("level %d slot %d: %w", lv, sl, err)
 					}
 					prev, i = i, e.next
@@ -590,10 +592,7 @@ func (w *wheel) verify() error {
 				if when := e.when.Load(); when < w.soonMin[f] || when/w.tick < w.elapsed {
 					return fmt.Errorf("soon %d: deadline %d before its bound %d or the tick in progress %d", f, when, w.soonMin[f], w.elapsed)
 				}
-				if isState(e.state.Load(), stParked) {
-					return fmt.Errorf("soon %d: a parked entry outside the held bucket", f)
-				}
-				if err := notLinkable(e); err != nil {
+				if err := notLinkable(e, false); err != nil {
 					return fmt.Errorf("soon %d: %w", f, err)
 				}
 				prev, i = i, e.next
@@ -608,7 +607,7 @@ func (w *wheel) verify() error {
 			if i&laneBit != 0 || e.prev != prev {
 				return fmt.Errorf("held lane %d: entry links wrong", ln)
 			}
-			if err := notLinkable(e); err != nil {
+			if err := notLinkable(e, true); err != nil {
 				return fmt.Errorf("held lane %d: %w", ln, err)
 			}
 			prev, i = i, e.next
