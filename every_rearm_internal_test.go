@@ -1,6 +1,7 @@
 package shardwheel
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +12,35 @@ import (
 // change: each test drives one interleaving by hand (the Every's worker blocked on the shard's
 // mutex inside its send, as in that test) and checks that the run starts at the deadline the
 // user set last, never earlier. The first failed before every.go's fix.
+
+// resetAheadOfAdd drives TestEveryRearmResetEarlier's interleaving up to the worker's add: the
+// Every's worker, having re-armed the entry for 20 ms, is blocked on the shard's mutex inside its
+// send; a Reset to 13 ms sends its command and notes 13 ms; an advance of the shard takes the
+// command (ignored: the entry is not linked yet) and publishes the wheel's own next. It returns
+// with ev.s.mu held; the caller goes on, lets go of mu, and waits for the add (waitAddSent).
+func resetAheadOfAdd(t *testing.T) (*Wheel, *ManualClock, Timer, *atomic.Int32) {
+	t.Helper()
+	w, clk, ev, runs, held := everyStuckInSend(t)
+	s := ev.s
+	s.mu.Lock()
+	waitBlockedInSend(t)
+	held.Publish()
+	s.drainLocked() // the two cancels: two slots free, and the worker waits for mu
+	require.True(t, ev.Reset(3*time.Millisecond), "due at 13 ms")
+	require.LessOrEqual(t, s.next.Load(), int64(13*time.Millisecond))
+	s.advanceLocked(w.nanos(), 0) // as Wheel.advance does for the shard (nothing is due at 10 ms)
+	return w, clk, ev, runs
+}
+
+// waitAddSent waits until the worker blocked in its send has published its add and noted its
+// deadline: the shard's next, never after resetAheadOfAdd's advance, moves.
+func waitAddSent(t *testing.T, s *shard) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); s.next.Load() == never; {
+		require.True(t, time.Now().Before(deadline), "the worker never sent its add")
+		time.Sleep(time.Millisecond)
+	}
+}
 
 // waitRuns waits (real time) until runs reaches n, advancing the manual clock by 0 so that a
 // shard whose add arrived late is looked at; it reports whether it got there.
@@ -28,23 +58,14 @@ func waitRuns(clk *ManualClock, runs interface{ Load() int32 }, n int32) bool {
 // Two Resets to earlier deadlines, both commands ahead of the worker's add, each ignored by an
 // advance that then publishes the wheel's own next: the run must start at the second one.
 func TestEveryRearmTwoResetsAheadOfAdd(t *testing.T) {
-	w, clk, ev, runs, held := everyStuckInSend(t)
+	w, clk, ev, runs := resetAheadOfAdd(t)
 	defer w.Stop()
 	s := ev.s
-	s.mu.Lock()
-	waitBlockedInSend(t)
-	held.Publish()
-	s.drainLocked()
-	require.True(t, ev.Reset(3*time.Millisecond)) // 13 ms
-	s.advanceLocked(w.nanos(), 0)                 // ignores it (not linked), publishes never
-	require.True(t, ev.Reset(time.Millisecond))   // 11 ms
-	s.advanceLocked(w.nanos(), 0)                 // ignores it too
-	require.NoError(t, strongVerify0(s))
+	require.True(t, ev.Reset(time.Millisecond)) // 11 ms
+	s.advanceLocked(w.nanos(), 0)               // ignores it too
+	require.NoError(t, strongVerifyLocked(s))
 	s.mu.Unlock()
-	for deadline := time.Now().Add(5 * time.Second); s.next.Load() == never; {
-		require.True(t, time.Now().Before(deadline), "the worker never sent its add")
-		time.Sleep(time.Millisecond)
-	}
+	waitAddSent(t, s)
 	require.NoError(t, strongVerifyAll(w))
 	clk.Advance(time.Millisecond - 1)
 	time.Sleep(10 * time.Millisecond)
@@ -54,33 +75,17 @@ func TestEveryRearmTwoResetsAheadOfAdd(t *testing.T) {
 	require.True(t, ev.Stop())
 }
 
-// strongVerify0 is strongVerify for a caller that holds s.mu already.
-func strongVerify0(s *shard) error {
-	s.mu.Unlock()
-	defer s.mu.Lock()
-	return strongVerify(s)
-}
-
 // A Reset to earlier, its command ahead of the add and ignored; then a second Reset claims the
 // entry and is paused (held) while the worker sends its add and notes its deadline; the shard
 // takes the add (linking the held entry at 13 ms); the second Reset then lowers to 11 ms.
 func TestEveryRearmResetHeldAcrossAdd(t *testing.T) {
-	w, clk, ev, runs, held := everyStuckInSend(t)
+	w, clk, ev, runs := resetAheadOfAdd(t)
 	defer w.Stop()
 	s := ev.s
-	s.mu.Lock()
-	waitBlockedInSend(t)
-	held.Publish()
-	s.drainLocked()
-	require.True(t, ev.Reset(3*time.Millisecond)) // 13 ms
-	s.advanceLocked(w.nanos(), 0)
 	ok, release := ev.ResetHeld(time.Millisecond) // 11 ms, claimed only
 	require.True(t, ok)
 	s.mu.Unlock()
-	for deadline := time.Now().Add(5 * time.Second); s.next.Load() == never; {
-		require.True(t, time.Now().Before(deadline), "the worker never sent its add")
-		time.Sleep(time.Millisecond)
-	}
+	waitAddSent(t, s)
 	takeRing(s) // the shard takes the add: the held entry is linked at 13 ms
 	if ev.Queued() {
 		release()
@@ -99,22 +104,13 @@ func TestEveryRearmResetHeldAcrossAdd(t *testing.T) {
 // The same with the second Reset raising (to 30 ms) instead: no command; the entry is linked at
 // 13 ms and re-inserted there. The run must start at 30 ms, not before.
 func TestEveryRearmResetHeldRaiseAcrossAdd(t *testing.T) {
-	w, clk, ev, runs, held := everyStuckInSend(t)
+	w, clk, ev, runs := resetAheadOfAdd(t)
 	defer w.Stop()
 	s := ev.s
-	s.mu.Lock()
-	waitBlockedInSend(t)
-	held.Publish()
-	s.drainLocked()
-	require.True(t, ev.Reset(3*time.Millisecond)) // 13 ms
-	s.advanceLocked(w.nanos(), 0)
 	ok, release := ev.ResetHeld(20 * time.Millisecond) // 30 ms
 	require.True(t, ok)
 	s.mu.Unlock()
-	for deadline := time.Now().Add(5 * time.Second); s.next.Load() == never; {
-		require.True(t, time.Now().Before(deadline), "the worker never sent its add")
-		time.Sleep(time.Millisecond)
-	}
+	waitAddSent(t, s)
 	takeRing(s)
 	release()
 	require.NoError(t, strongVerifyAll(w))

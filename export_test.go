@@ -247,6 +247,14 @@ func (h *Held) Timer() Timer {
 // IsArm reports whether the held command is an arm's add.
 func (h *Held) IsArm() bool { return h.cmd&opMask == opAdd }
 
+// takeRing lets the shard take every command its ring holds, as a producer whose ring is full
+// does.
+func takeRing(s *shard) {
+	s.mu.Lock()
+	s.drainNoteLocked()
+	s.mu.Unlock()
+}
+
 // StopHeld is Timer.Stop paused after its state CAS and the claim of its cancel's ring slot: it
 // reports what Stop would, and the caller must Publish the command (before Wheel.Stop, which
 // waits for every claimed slot). It reports false and nil for a timer that is not pending, and
@@ -260,9 +268,7 @@ func (t Timer) StopHeld() (bool, *Held) {
 	if t.s == nil {
 		return false, nil
 	}
-	t.s.mu.Lock()
-	t.s.drainNoteLocked()
-	t.s.mu.Unlock()
+	takeRing(t.s)
 	e := t.s.slab.at(t.i)
 	w := e.state.Load()
 	if isGen(w, t.gen) && isState(w, stPending) && isQueued(w) {

@@ -15,9 +15,8 @@ import (
 // ring), a Stop paused across Wheel.Stop, a Reset of a queued entry that the shard then parks,
 // and the ring of one slot that review found losing commands.
 
-// freeStackAudit walks every shard's free stack of a quiet wheel and returns an error-ish
-// description: duplicates (an entry freed twice) or a count that does not match the slab's
-// capacity (a leak).
+// freeStackAudit walks every shard's free stack of a quiet wheel and fails the test on a
+// duplicate (an entry freed twice) or a count that does not match the slab's capacity (a leak).
 func freeStackAudit(t *testing.T, w *Wheel) {
 	t.Helper()
 	for k, s := range w.shards {

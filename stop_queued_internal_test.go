@@ -13,14 +13,6 @@ import (
 // the Stop alone, the Stop paused while the shard takes the add, and a Reset whose entry the
 // shard takes between its claim and its release.
 
-// takeRing lets the shard take every command its ring holds, as a producer whose ring is full
-// does.
-func takeRing(s *shard) {
-	s.mu.Lock()
-	s.drainNoteLocked()
-	s.mu.Unlock()
-}
-
 // commands returns how many commands were ever pushed to s's ring.
 func commands(s *shard) uint64 { return s.ring.tail.Load() &^ ringClosed }
 

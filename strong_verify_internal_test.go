@@ -30,6 +30,11 @@ import (
 func strongVerify(s *shard) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return strongVerifyLocked(s)
+}
+
+// strongVerifyLocked is strongVerify for a caller that holds s.mu.
+func strongVerifyLocked(s *shard) error {
 	next := s.next.Load()
 	tail := s.ring.tail.Load() &^ ringClosed
 	// Published reset commands, by entry and gen; and the first unpublished position.
@@ -294,21 +299,11 @@ func waitBlockedInSend(t *testing.T) {
 // and the shard's mutex; in a real program preemption there, or a full ring, does the same,
 // and the advance is the keeper's (woken by another timer of the shard, or by a kick).
 func TestEveryRearmResetEarlier(t *testing.T) {
-	w, clk, ev, runs, held := everyStuckInSend(t)
+	w, clk, ev, runs := resetAheadOfAdd(t)
 	defer w.Stop()
 	s := ev.s
-	s.mu.Lock()
-	waitBlockedInSend(t)
-	held.Publish()
-	s.drainLocked() // the two cancels: two slots free, and the worker waits for mu
-	require.True(t, ev.Reset(3*time.Millisecond), "due at 13 ms")
-	require.LessOrEqual(t, s.next.Load(), int64(13*time.Millisecond))
-	s.advanceLocked(w.nanos(), 0) // as Wheel.advance does for the shard (nothing is due at 10 ms)
 	s.mu.Unlock()
-	for deadline := time.Now().Add(5 * time.Second); s.next.Load() == never; {
-		require.True(t, time.Now().Before(deadline), "the worker never sent its add")
-		time.Sleep(time.Millisecond)
-	}
+	waitAddSent(t, s)
 	t.Logf("after the worker's add: shard next %v, entry due %v", time.Duration(s.next.Load()), time.Duration(s.slab.at(ev.i).when.Load()))
 	// What the checks see in that state: the strong one names the lost wake-up; Verify drains
 	// the add into the wheel and finds nothing wrong (on a manual clock its drain notes nothing,
