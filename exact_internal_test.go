@@ -19,8 +19,10 @@ type rwHarness struct {
 	when map[int]int64
 }
 
-func newRW(elapsed, tick, grain int64) *rwHarness {
-	return &rwHarness{TestWheel: NewTestWheelTick(elapsed, tick, grain), when: map[int]int64{}}
+func newRW(elapsed, tick, grain int64, system bool) *rwHarness {
+	h := &rwHarness{TestWheel: NewTestWheelTick(elapsed, tick, grain), when: map[int]int64{}}
+	h.SystemClock = system
+	return h
 }
 
 func (h *rwHarness) insert(id int, when int64) { h.Insert(id, when); h.when[id] = when }
@@ -53,13 +55,30 @@ func (h *rwHarness) advance(now int64, budget int) bool {
 // drain applies them), at ticks of 1 ns, 1000 ns and 2^20 ns. Checks never early, nothing due
 // left after a completed advance, a next wake after now and no later than the earliest pending
 // deadline rounded up to the grain, that every budgeted advance finishes, and the invariants.
-// (Written by this change's reviews.)
+// (Written by this change's reviews.) It runs twice: as with a manual clock, and as on the system
+// clock, where a due entry of a later tick fires as its bucket is taken (shard.expire) and the
+// reading may move on between the budgeted steps of one advance (advanceShard reads the clock
+// at each step).
 func TestWheelExactResets(t *testing.T) {
+	for _, system := range []bool{false, true} {
+		t.Run(fmt.Sprintf("system=%v", system), func(t *testing.T) { testWheelExactResets(t, system) })
+	}
+}
+
+func testWheelExactResets(t *testing.T, system bool) {
+	ahead := 0 // entries fired from a bucket taken before their own tick's
+	defer func() {
+		if system {
+			require.Positive(t, ahead, "no due entry of a later tick fired as its bucket was taken")
+		} else {
+			require.Zero(t, ahead, "an entry fired before the buckets of earlier ticks were taken")
+		}
+	}()
 	for _, tc := range []struct{ tick, grain int64 }{{1000, 1}, {1000, 64}, {1, 1}, {1 << 20, 1 << 16}} {
 		rng := rand.New(rand.NewPCG(uint64(tc.tick)+99, uint64(tc.grain)))
 		for round := 0; round < 60; round++ {
 			start := rng.Int64N(1 << 30)
-			h := newRW(start, tc.tick, tc.grain)
+			h := newRW(start, tc.tick, tc.grain, system)
 			now := start * tc.tick
 			id := 0
 			span := []int64{2, 70, 5000, 1 << 20}[rng.IntN(4)] * tc.tick
@@ -106,6 +125,9 @@ func TestWheelExactResets(t *testing.T) {
 						t.Fatalf("tick %d grain %d round %d step %d: budgeted: %v", tc.tick, tc.grain, round, step, err)
 					}
 					cmds(4) // the next step's drain
+					if system && rng.IntN(2) == 0 {
+						now += rng.Int64N(3 * tc.tick) // the next step's fresh reading
+					}
 					if steps > 1e6 {
 						t.Fatalf("budgeted advance does not progress")
 					}
@@ -113,6 +135,12 @@ func TestWheelExactResets(t *testing.T) {
 				if err := h.w.verify(); err != nil {
 					t.Fatalf("tick %d grain %d round %d step %d: %v", tc.tick, tc.grain, round, step, err)
 				}
+				for _, f := range h.Fired {
+					if f.When/tc.tick > f.At {
+						ahead++
+					}
+				}
+				h.Fired = h.Fired[:0]
 				first := int64(math.MaxInt64)
 				for x, wh := range h.when {
 					if wh <= now {

@@ -458,10 +458,21 @@ const (
 // or lets go and publishes, so no due step is left with nobody to take it, and none is taken
 // twice.
 // After Stop it advances no further: what fired already runs, what is pending is Stop's.
+//
+// Each step after the first reads the clock again and advances to the later reading. A step
+// that ran out of budget left a bucket half taken, and a step's callbacks take time: with the
+// first reading kept, a cascade of a big bucket (a million entries re-inserted one level down,
+// about 20 ms on one core) relinked everything in it for a deadline a few ticks on, and its
+// first callback waited for the whole cascade. With a fresh reading, once that deadline has come
+// the rest of the bucket fires as it is taken. A later reading is always safe to fire by (it is
+// still no later than the true time), and the wheel takes any reading that does not go back.
 func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
-	for {
+	for step := 0; ; step++ {
 		done := true
 		if !w.closed.Load() {
+			if step > 0 {
+				now = max(now, w.nanos())
+			}
 			s.mu.Lock()
 			done = s.advanceLocked(now, stepBudget)
 			wk.batch, s.fired = s.fired, wk.batch[:0] // wk.batch is empty: cleared after each run

@@ -41,6 +41,10 @@ type TestWheel struct {
 	sl      slab
 	entries map[int]uint32 // id -> slab index
 	Fired   []Firing
+	// SystemClock makes expiry fire a due entry of a later tick when its bucket is taken,
+	// as shard.expire does on the system clock; unset, it goes down a level, as with a manual
+	// clock, which keeps deadline order.
+	SystemClock bool
 }
 
 // Firing records one fired entry and the tick at which the wheel fired it.
@@ -94,7 +98,7 @@ func (t *TestWheel) Advance(now int64) { t.AdvanceBudget(now, 0) }
 // reports whether it reached now.
 func (t *TestWheel) AdvanceBudget(now int64, budget int) bool {
 	return t.w.advance(now, func(i uint32, e *entry) {
-		expireBare(&t.w, i, e, func(when int64) {
+		expireBare(&t.w, i, e, t.SystemClock, func(when int64) {
 			id := e.arg.(int)
 			t.Fired = append(t.Fired, Firing{ID: id, When: when, At: t.w.elapsed, Now: t.w.now})
 			delete(t.entries, id)
@@ -104,11 +108,11 @@ func (t *TestWheel) AdvanceBudget(now int64, budget int) bool {
 }
 
 // expireBare is shard.expire without the state word, for wheels driven bare by tests: an entry
-// of a later tick cascades, one later in the tick in progress straggles, and fire gets the
-// rest with their deadline.
-func expireBare(w *wheel, i uint32, e *entry, fire func(when int64)) {
+// of a later tick cascades (unless it is due and system is set, as on the system clock), one
+// later in the tick in progress straggles, and fire gets the rest with their deadline.
+func expireBare(w *wheel, i uint32, e *entry, system bool, fire func(when int64)) {
 	when := e.when.Load()
-	if t := when / w.tick; t > w.elapsed {
+	if t := when / w.tick; t > w.elapsed && (when > w.now || !system) {
 		w.link(i, e, t, when)
 		return
 	}

@@ -333,10 +333,17 @@ func (s *shard) expire(i uint32, e *entry) {
 			return // stopped: its cancel command frees it. dropped: the wheel is going away.
 		}
 		when := e.when.Load()
-		if t := when / s.tw.tick; t > s.tw.elapsed {
+		if t := when / s.tw.tick; t > s.tw.elapsed && (when > s.tw.now || s.w.manual != nil) {
 			s.tw.link(i, e, t, when) // cascade: a lower level, or later after a Reset
 			return
 		}
+		// Due, in this bucket's tick or (system clock) a later one: fire. An entry of a later
+		// tick is due here when the advance's reading has passed the start of the bucket being
+		// taken by more than a tick: a step of a cascade taken after its entries' deadline came
+		// (advanceShard reads the clock at each step). On the system clock nothing orders
+		// callbacks by deadline, so it fires now rather than after the rest of the cascade.
+		// ManualClock.Advance promises deadline order, so there it goes down a level and
+		// fires with its tick.
 		if when > s.tw.now {
 			s.tw.straggle(i, e, when)
 			return

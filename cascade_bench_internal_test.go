@@ -1,0 +1,100 @@
+package shardwheel
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// BenchmarkFloodAtCascade is BenchmarkFirePhase's flood (a million callbacks armed from two
+// goroutines, all due at one instant T about 1.5 s ahead) with T placed lead ticks after the
+// start of the level-1 bucket that holds it. The wheel cascades that bucket into level 0 at its
+// start, which takes about 20 ms for a million entries on one core: with T that close, the
+// cascade is still running when T comes. It reports first-ms, T to the first callback, and
+// fire-ms, T to the last.
+//
+//	go test -run '^$' -bench BenchmarkFloodAtCascade -benchtime 3x -count 3 .
+func BenchmarkFloodAtCascade(b *testing.B) {
+	const n = 1_024_000
+	for _, procs := range []int{1, 2} {
+		for _, lead := range []int64{2, 8, 40} {
+			b.Run(fmt.Sprintf("procs=%d/lead=%d", procs, lead), func(b *testing.B) {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+				var first, fire time.Duration
+				for it := 0; it < b.N; it++ {
+					f, l := floodAtCascade(b, n, lead)
+					first += f
+					fire += l
+				}
+				b.ReportMetric(float64(first.Microseconds())/1e3/float64(b.N), "first-ms")
+				b.ReportMetric(float64(fire.Microseconds())/1e3/float64(b.N), "fire-ms")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
+// floodAtCascade runs one flood and returns how long after T its first and last callbacks ran.
+func floodAtCascade(b *testing.B, n int, lead int64) (first, last time.Duration) {
+	w, err := New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	tick := w.tick
+	// The first level-1 bucket start at least 1.5 s ahead, plus lead ticks.
+	at := (w.nanos()+int64(1500*time.Millisecond))/tick/numSlots*numSlots + numSlots + lead
+	t0 := w.base.Add(time.Duration(at * tick))
+	// Each callback counts down its stripe of floodStripe timers, and the last of a stripe the
+	// stripes (as BenchmarkFirePhase's do): one counter for all would measure its own cache
+	// line moving between the cores. Only the stripe's first callback looks at the clock.
+	stripes := make([]floodStripe, n/floodStripeLen)
+	for i := range stripes {
+		stripes[i].left.Store(floodStripeLen)
+	}
+	var left atomic.Int64
+	left.Store(int64(len(stripes)))
+	var firstAt, lastAt atomic.Int64
+	done := make(chan struct{})
+	fn := func(a any) {
+		st := a.(*floodStripe)
+		v := st.left.Add(-1)
+		if v == floodStripeLen-1 && firstAt.Load() == 0 {
+			firstAt.CompareAndSwap(0, time.Now().UnixNano())
+		}
+		if v == 0 && left.Add(-1) == 0 {
+			lastAt.Store(time.Now().UnixNano())
+			close(done)
+		}
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g * n / 2; i < (g+1)*n/2; i++ {
+				if _, err := w.AfterFuncArg(time.Until(t0), fn, &stripes[i/floodStripeLen]); err != nil {
+					panic(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	runtime.GC()
+	if time.Now().After(t0.Add(-time.Duration(lead*tick) - 50*time.Millisecond)) {
+		b.Fatalf("arming and a GC ran too close to the cascade")
+	}
+	<-done
+	return time.Duration(firstAt.Load() - t0.UnixNano()), time.Duration(lastAt.Load() - t0.UnixNano())
+}
+
+// floodStripe is the state a run of floodStripeLen consecutive timers shares, on its own line.
+type floodStripe struct {
+	left atomic.Int64
+	_    [cacheLineSize - 8]byte
+}
+
+const floodStripeLen = 1024
