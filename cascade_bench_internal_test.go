@@ -3,6 +3,7 @@ package shardwheel
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -98,3 +99,107 @@ type floodStripe struct {
 }
 
 const floodStripeLen = 1024
+
+// BenchmarkShortTimerBehindCascade measures how late a short timer runs while its shard
+// cascades a big bucket: a million timers armed about 1.5 s ahead, all due 40 ticks after the
+// start of the level-1 bucket that holds them (so the cascade of that bucket, at its start, has
+// time to finish before they fire), and meanwhile "canaries", from 3 ms before that start to
+// 30 ms after it, one every 100 µs (or as often as the sleep allows), each armed with a 2 ms
+// delay, as an RPC timeout armed while the flood waits would be. The wheel takes buckets in the
+// order of their start and a cascade runs in budgeted steps, so a canary due in a level-0 bucket
+// after the cascading one waits for the rest of the cascade. It reports the canaries' lateness
+// against their exact deadlines (p50 and max, in ms) beside the same canaries on time.AfterFunc
+// with the same flood armed there; both floods fire after the canaries' window.
+//
+//	go test -run '^$' -bench BenchmarkShortTimerBehindCascade -benchtime 2x -count 3 .
+func BenchmarkShortTimerBehindCascade(b *testing.B) {
+	const n = 1_024_000
+	for _, procs := range []int{1, 2} {
+		for _, impl := range []string{"wheel", "runtime"} {
+			b.Run(fmt.Sprintf("impl=%s/procs=%d", impl, procs), func(b *testing.B) {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+				var p50, worst float64
+				for it := 0; it < b.N; it++ {
+					m, x := canariesBehindCascade(b, n, impl == "wheel")
+					p50 += m
+					worst = max(worst, x)
+				}
+				b.ReportMetric(p50/float64(b.N), "canary-p50-ms")
+				b.ReportMetric(worst, "canary-max-ms")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
+// canariesBehindCascade runs one flood with its canaries (see BenchmarkShortTimerBehindCascade)
+// and returns the canaries' median and worst lateness in ms. The flood is armed on the wheel or
+// on the runtime's timers, and so are the canaries.
+func canariesBehindCascade(b *testing.B, n int, onWheel bool) (p50, worst float64) {
+	const lead = 40 // ticks from the bucket's start to the flood's deadline
+	w, err := New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	tick := w.tick
+	at := (w.nanos()+int64(1500*time.Millisecond))/tick/numSlots*numSlots + numSlots + lead
+	t0 := w.base.Add(time.Duration(at * tick))
+	start := w.base.Add(time.Duration((at - lead) * tick)) // the cascading bucket's start
+	var left atomic.Int64
+	left.Store(int64(n))
+	done := make(chan struct{})
+	count := func(any) {
+		if left.Add(-1) == 0 {
+			close(done)
+		}
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g * n / 2; i < (g+1)*n/2; i++ {
+				if !onWheel {
+					time.AfterFunc(time.Until(t0), func() { count(nil) })
+				} else if _, err := w.AfterFuncArg(time.Until(t0), count, nil); err != nil {
+					panic(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	runtime.GC()
+	if time.Now().After(start.Add(-10 * time.Millisecond)) {
+		b.Fatalf("arming and a GC ran too close to the cascade")
+	}
+	const delay = 2 * time.Millisecond
+	var (
+		mu   sync.Mutex
+		late []float64
+		cwg  sync.WaitGroup
+	)
+	time.Sleep(time.Until(start.Add(-3 * time.Millisecond)))
+	// At least one canary, should the sleep overrun the window (a loaded machine).
+	for i := 0; i == 0 || time.Now().Before(start.Add(30*time.Millisecond)); i++ {
+		due := time.Now().Add(delay)
+		cwg.Add(1)
+		f := func() {
+			l := float64(time.Since(due).Nanoseconds()) / 1e6
+			mu.Lock()
+			late = append(late, l)
+			mu.Unlock()
+			cwg.Done()
+		}
+		if !onWheel {
+			time.AfterFunc(delay, f)
+		} else if _, err := w.AfterFunc(delay, f); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	cwg.Wait()
+	<-done
+	slices.Sort(late)
+	return late[len(late)/2], late[len(late)-1]
+}

@@ -42,8 +42,9 @@ type TestWheel struct {
 	entries map[int]uint32 // id -> slab index
 	Fired   []Firing
 	// SystemClock makes expiry fire a due entry of a later tick when its bucket is taken,
-	// as shard.expire does on the system clock; unset, it goes down a level, as with a manual
-	// clock, which keeps deadline order.
+	// as shard.expire does on the system clock, and lets a due bucket of level 0 go before the
+	// rest of a cascade (wheel.interleave); unset, an entry goes down a level, and a cascade
+	// finishes first, as with a manual clock, which keeps deadline order.
 	SystemClock bool
 }
 
@@ -97,6 +98,7 @@ func (t *TestWheel) Advance(now int64) { t.AdvanceBudget(now, 0) }
 // AdvanceBudget is one bounded step of Advance: it visits at most about budget entries and
 // reports whether it reached now.
 func (t *TestWheel) AdvanceBudget(now int64, budget int) bool {
+	t.w.interleave = t.SystemClock
 	return t.w.advance(now, func(i uint32, e *entry) {
 		expireBare(&t.w, i, e, t.SystemClock, func(when int64) {
 			id := e.arg.(int)

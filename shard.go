@@ -87,7 +87,7 @@ type shard struct {
 	// of whatever the allocator puts next, which may be another shard's read-only line; its
 	// size also rounds the shard (with the allocator's header) up to whole lines (TestLayout
 	// fails, naming the remainder, when a field change moves that).
-	_ [2 * cacheLineSize]byte
+	_ [2*cacheLineSize + 8]byte
 }
 
 // shardLine0 and shardLine1 mirror the shard's first fields, only to size the pad after them.
@@ -111,6 +111,7 @@ func (s *shard) init(w *Wheel, ringSize int) {
 	s.ring.init(ringSize)
 	s.next.Store(never)
 	s.tw.init(w.nanos()/w.tick, w.ticks, &s.slab)
+	s.tw.interleave = w.manual == nil // a due level-0 bucket goes before a cascade's rest (wheel.casc)
 	s.slab.onGrow = w.noteGrow
 	s.expireFn = s.expire
 }

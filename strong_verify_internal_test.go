@@ -94,6 +94,13 @@ func strongVerifyLocked(s *shard) error {
 			}
 		}
 	}
+	for _, h := range tw.casc.lanes {
+		for i := h; i != 0; i = s.slab.at(i).next {
+			if err := check("cascade", tw.casc.start, i, s.slab.at(i)); err != nil {
+				return err
+			}
+		}
+	}
 	for f := range tw.soon {
 		for _, h := range tw.soon[f].lanes {
 			for i := h; i != 0; i = s.slab.at(i).next {

@@ -21,7 +21,9 @@ import (
 // the level of the highest 6-bit group in which it differs from the wheel's elapsed tick (as in
 // Tokio's wheel), so every entry of one bucket shares the bucket's start tick. When time reaches
 // that start the bucket is taken whole: entries that are due fire, the others are re-inserted one
-// level or more down (Kafka's cascade). Buckets are visited in order of their start through a
+// level or more down (Kafka's cascade); a cascade cut short by a step's budget keeps its rest
+// aside (casc), and on the system clock a due bucket of level 0 goes before that rest, so a
+// short timer never waits for a big cascade. Buckets are visited in order of their start through a
 // min-heap (Kafka's DelayQueue), so time jumps from one non-empty bucket to the next: no empty
 // ticks, and a jump of three years costs one visit per non-empty bucket.
 //
@@ -54,6 +56,7 @@ const (
 	overflowLv = numLevels     // the level index of the parking bucket
 	soonLv     = numLevels + 1 // the level in a laneRef to a soon bucket (slot 0 or 1); not in buckets
 	heldLv     = numLevels + 2 // the level in a laneRef to the held bucket (slot 0); not in buckets
+	cascLv     = numLevels + 3 // the level in a laneRef to the cascade's rest (slot 0); not in buckets
 
 	// Each bucket is laneCount independent lists, filled round-robin. Taking a bucket walks
 	// its lanes side by side, so the loads of laneCount next pointers are in flight at once:
@@ -148,10 +151,20 @@ type wheel struct {
 	soonFill uint8
 	// held holds the entries that an advance found held by a Reset (parked, timer.go): no
 	// advance takes it; each such Reset sends a command that moves its entry out.
-	held  bucket
-	heap  bucketHeap
-	slab  *slab // where linked indices point; the shard's
-	ticks       // the Wheel's tick arithmetic (clock.go); immutable
+	held bucket
+	// casc is the rest of a bucket of level 1 or more that a budgeted advance took in part: a
+	// cascade in progress, whose start is casc.start (no heap node: advance takes it on its own
+	// terms). Its entries' ticks lie in that bucket's span, which holds elapsed. With a manual
+	// clock advance finishes it before any other bucket, as one unbounded advance would; with
+	// interleave (the system clock) a level-0 bucket that is due goes first: a cascade of a
+	// million entries takes about 20 ms of one core, and short timers armed meanwhile, in the
+	// level-0 buckets of that span, would otherwise wait for all of it. Entries of casc whose
+	// tick elapsed has passed are due by then, and fire as they are taken (shard.expire).
+	casc       bucket
+	interleave bool // set by the shard on the system clock; immutable
+	heap       bucketHeap
+	slab       *slab // where linked indices point; the shard's
+	ticks            // the Wheel's tick arithmetic (clock.go); immutable
 }
 
 // init sets up an empty wheel at tick elapsed.
@@ -166,6 +179,8 @@ func (w *wheel) bucketAt(lv, sl int) *bucket {
 		return &w.soon[sl]
 	case heldLv:
 		return &w.held
+	case cascLv:
+		return &w.casc
 	}
 	return &w.buckets[lv][sl]
 }
@@ -269,6 +284,9 @@ func (w *wheel) nextDue() int64 {
 	if d != never {
 		d = min(w.roundUp(d), w.end(w.elapsed)) // every straggler is due by the end of elapsed
 	}
+	if !w.casc.empty() {
+		d = min(d, w.start(w.elapsed)) // a cascade in progress: due now
+	}
 	for w.heap.len() > 0 {
 		n := w.heap.top()
 		if w.live(n) {
@@ -328,10 +346,12 @@ func (w *wheel) popNode() heapNode {
 //
 // budget bounds the entries visited in one call (0: no bound), so that the holder of the shard's
 // mutex can let go of it between steps of a flood. When the budget runs out first, advance
-// reports false and the wheel is consistent at the bucket it was taking: what is left of that
-// bucket is put back (putBack, or into its soon bucket), elapsed is that bucket's start, and the
-// next call goes on from there. The overflow bucket is always taken whole: a visit may re-park
-// entries in it.
+// reports false and the wheel is consistent at the bucket it was taking: what is left of a bucket
+// of level 0 is put back (putBack), of a soon bucket into it, and of a bucket of a higher level
+// into casc, the cascade in progress; elapsed is that bucket's start, and the next call goes on
+// from there. The next call finishes casc before it takes any other bucket, except, with
+// interleave, a due bucket of level 0, which it takes first (moving elapsed on within the span of
+// casc's bucket). The overflow bucket is always taken whole: a visit may re-park entries in it.
 func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) bool {
 	t := now / w.tick
 	if t < w.elapsed {
@@ -343,7 +363,21 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 		return false
 	}
 	left := budget - took
-	for w.heap.len() > 0 {
+	for {
+		if !w.casc.empty() && !(w.interleave && w.level0Due(t, now)) {
+			if budget > 0 && left <= 0 {
+				return false
+			}
+			left -= w.takeCasc(expire, max(0, left))
+			if !w.casc.empty() {
+				return false
+			}
+			continue
+		}
+		// Here casc is empty, or the heap's next bucket is a due one of level 0 (level0Due).
+		if w.heap.len() == 0 {
+			break
+		}
 		n := w.heap.top()
 		if n.start > t {
 			break
@@ -370,12 +404,53 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 		}
 		left -= w.takeLanes(&cur, expire, limit)
 		if cur != ([laneCount]uint32{}) {
-			w.putBack(n, &cur)
+			if n.level == 0 {
+				w.putBack(n, &cur)
+			} else {
+				w.casc.start = n.start
+				w.setLanes(&w.casc, cascLv, 0, &cur)
+			}
 			return false
 		}
 	}
 	w.elapsed = t
 	return true
+}
+
+// level0Due reports whether the heap's next live bucket is one of level 0 that is due at the
+// reading now (tick t), as advance would take it. It drops stale nodes on the way.
+func (w *wheel) level0Due(t, now int64) bool {
+	for w.heap.len() > 0 {
+		n := w.heap.top()
+		if !w.live(n) {
+			w.popNode()
+			continue
+		}
+		return n.level == 0 && n.start <= t && w.min0[n.slot] <= now
+	}
+	return false
+}
+
+// takeCasc hands the entries of the cascade in progress (casc) to expire, at most about limit of
+// them (0: all), and returns how many it handed. expire links what it re-inserts into buckets of
+// lower levels (casc's entries share the span of its bucket with elapsed), never into casc.
+func (w *wheel) takeCasc(expire func(i uint32, e *entry), limit int) int {
+	cur := w.casc.lanes
+	w.casc.lanes = [laneCount]uint32{}
+	took := w.takeLanes(&cur, expire, limit)
+	w.setLanes(&w.casc, cascLv, 0, &cur)
+	return took
+}
+
+// setLanes makes the lists in cur the lanes of bucket b, which is empty and is bucket (lv, sl):
+// each list's first entry links back to its lane.
+func (w *wheel) setLanes(b *bucket, lv, sl int, cur *[laneCount]uint32) {
+	for ln, i := range cur {
+		if i != 0 {
+			b.lanes[ln] = i
+			w.slab.at(i).prev = laneRef(lv, sl, uint8(ln))
+		}
+	}
 }
 
 // takeSoon hands to expire the stragglers whose deadline may have come. The soon bucket that
@@ -405,12 +480,7 @@ func (w *wheel) takeSoon(expire func(i uint32, e *entry), budget int) (took int,
 		b.lanes = [laneCount]uint32{}
 		took += w.takeLanes(&cur, expire, limit)
 		if cur != ([laneCount]uint32{}) {
-			for ln, i := range cur {
-				if i != 0 {
-					b.lanes[ln] = i
-					w.slab.at(i).prev = laneRef(soonLv, int(t), uint8(ln))
-				}
-			}
+			w.setLanes(b, soonLv, int(t), &cur)
 			w.soonMin[t] = 0
 			return took, false
 		}
@@ -421,12 +491,7 @@ func (w *wheel) takeSoon(expire func(i uint32, e *entry), budget int) (took int,
 // advance took and which nothing was inserted into since (see advance), and queues it again.
 func (w *wheel) putBack(n heapNode, cur *[laneCount]uint32) {
 	b := &w.buckets[n.level][n.slot]
-	for ln, i := range cur {
-		if i != 0 {
-			b.lanes[ln] = i
-			w.slab.at(i).prev = laneRef(int(n.level), int(n.slot), uint8(ln))
-		}
-	}
+	w.setLanes(b, int(n.level), int(n.slot), cur)
 	w.occupied[n.level] |= 1 << n.slot
 	if n.level == 0 {
 		w.min0[n.slot] = 0 // the rest's deadlines are not known: due at the bucket's start
@@ -479,7 +544,7 @@ func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry
 // held buckets, and of the levels only the buckets whose occupied bit is set (a shard's wheel has
 // hundreds of buckets, mostly empty).
 func (w *wheel) forEach(fn func(e *entry)) {
-	for _, b := range []*bucket{&w.soon[0], &w.soon[1], &w.held} {
+	for _, b := range []*bucket{&w.soon[0], &w.soon[1], &w.held, &w.casc} {
 		for _, h := range b.lanes {
 			for i := h; i != 0; {
 				e := w.slab.at(i)
@@ -609,6 +674,23 @@ func (w *wheel) verify() error {
 			}
 			if err := notLinkable(e, true); err != nil {
 				return fmt.Errorf("held lane %d: %w", ln, err)
+			}
+			prev, i = i, e.next
+			n++
+		}
+	}
+	if !w.casc.empty() && w.casc.start > w.elapsed {
+		return fmt.Errorf("cascade in progress from tick %d, after elapsed %d", w.casc.start, w.elapsed)
+	}
+	for ln, h := range w.casc.lanes {
+		prev := laneRef(cascLv, 0, uint8(ln))
+		for i := h; i != 0; {
+			e := w.slab.at(i)
+			if i&laneBit != 0 || e.prev != prev {
+				return fmt.Errorf("cascade lane %d: entry links wrong", ln)
+			}
+			if err := notLinkable(e, false); err != nil {
+				return fmt.Errorf("cascade lane %d: %w", ln, err)
 			}
 			prev, i = i, e.next
 			n++
