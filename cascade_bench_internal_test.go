@@ -46,9 +46,7 @@ func floodAtCascade(b *testing.B, n int, lead int64) (first, last time.Duration)
 	}
 	defer w.Stop()
 	tick := w.tick
-	// The first level-1 bucket start at least 1.5 s ahead, plus lead ticks.
-	at := (w.nanos()+int64(1500*time.Millisecond))/tick/numSlots*numSlots + numSlots + lead
-	t0 := w.base.Add(time.Duration(at * tick))
+	_, t0 := floodMoment(w, lead)
 	// Each callback counts down its stripe of floodStripe timers, and the last of a stripe the
 	// stripes (as BenchmarkFirePhase's do): one counter for all would measure its own cache
 	// line moving between the cores. Only the stripe's first callback looks at the clock.
@@ -71,25 +69,41 @@ func floodAtCascade(b *testing.B, n int, lead int64) (first, last time.Duration)
 			close(done)
 		}
 	}
+	armFromTwo(n, func(i int) {
+		if _, err := w.AfterFuncArg(time.Until(t0), fn, &stripes[i/floodStripeLen]); err != nil {
+			panic(err)
+		}
+	})
+	if time.Now().After(t0.Add(-time.Duration(lead*tick) - 50*time.Millisecond)) {
+		b.Fatalf("arming and a GC ran too close to the cascade")
+	}
+	<-done
+	return time.Duration(firstAt.Load() - t0.UnixNano()), time.Duration(lastAt.Load() - t0.UnixNano())
+}
+
+// floodMoment is when a flood on w falls due: lead ticks after the start of the first level-1
+// bucket at least 1.5 s ahead of w's clock, as ticks since w.base and as a time.
+func floodMoment(w *Wheel, lead int64) (at int64, t0 time.Time) {
+	at = (w.nanos()+int64(1500*time.Millisecond))/w.tick/numSlots*numSlots + numSlots + lead
+	return at, w.base.Add(time.Duration(at * w.tick))
+}
+
+// armFromTwo calls arm(i) for i in [0, n) from two goroutines, each taking one half, as two
+// cores of producers would, and runs a GC after both are done so that the garbage the arming
+// left does not collect in the middle of the flood.
+func armFromTwo(n int, arm func(i int)) {
 	var wg sync.WaitGroup
 	for g := 0; g < 2; g++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := g * n / 2; i < (g+1)*n/2; i++ {
-				if _, err := w.AfterFuncArg(time.Until(t0), fn, &stripes[i/floodStripeLen]); err != nil {
-					panic(err)
-				}
+				arm(i)
 			}
 		}()
 	}
 	wg.Wait()
 	runtime.GC()
-	if time.Now().After(t0.Add(-time.Duration(lead*tick) - 50*time.Millisecond)) {
-		b.Fatalf("arming and a GC ran too close to the cascade")
-	}
-	<-done
-	return time.Duration(firstAt.Load() - t0.UnixNano()), time.Duration(lastAt.Load() - t0.UnixNano())
 }
 
 // floodStripe is the state a run of floodStripeLen consecutive timers shares, on its own line.
@@ -142,10 +156,8 @@ func canariesBehindCascade(b *testing.B, n int, onWheel bool) (p50, worst float6
 		b.Fatal(err)
 	}
 	defer w.Stop()
-	tick := w.tick
-	at := (w.nanos()+int64(1500*time.Millisecond))/tick/numSlots*numSlots + numSlots + lead
-	t0 := w.base.Add(time.Duration(at * tick))
-	start := w.base.Add(time.Duration((at - lead) * tick)) // the cascading bucket's start
+	at, t0 := floodMoment(w, lead)
+	start := w.base.Add(time.Duration((at - lead) * w.tick)) // the cascading bucket's start
 	var left atomic.Int64
 	left.Store(int64(n))
 	done := make(chan struct{})
@@ -154,22 +166,13 @@ func canariesBehindCascade(b *testing.B, n int, onWheel bool) (p50, worst float6
 			close(done)
 		}
 	}
-	var wg sync.WaitGroup
-	for g := 0; g < 2; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := g * n / 2; i < (g+1)*n/2; i++ {
-				if !onWheel {
-					time.AfterFunc(time.Until(t0), func() { count(nil) })
-				} else if _, err := w.AfterFuncArg(time.Until(t0), count, nil); err != nil {
-					panic(err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	runtime.GC()
+	armFromTwo(n, func(int) {
+		if !onWheel {
+			time.AfterFunc(time.Until(t0), func() { count(nil) })
+		} else if _, err := w.AfterFuncArg(time.Until(t0), count, nil); err != nil {
+			panic(err)
+		}
+	})
 	if time.Now().After(start.Add(-10 * time.Millisecond)) {
 		b.Fatalf("arming and a GC ran too close to the cascade")
 	}

@@ -17,29 +17,16 @@ import (
 
 // strongBare is strongVerify's bucket check for a bare wheel: every linked entry sits in a bucket
 // that comes due no later than its deadline's tick (or than elapsed, for a deadline already
-// behind it). verify checks level 0's bound only; this checks every level and the overflow.
+// behind it). verify checks level 0's bound only; this checks every level, the overflow, the
+// cascade in progress and the soon buckets (eachLinked).
 func strongBare(w *wheel) error {
-	for lv := range w.buckets {
-		for occ := w.occupied[lv]; occ != 0; occ &= occ - 1 {
-			sl := 0
-			for occ&(1<<uint(sl)) == 0 {
-				sl++
-			}
-			b := &w.buckets[lv][sl]
-			for _, h := range b.lanes {
-				for i := h; i != 0; {
-					e := w.slab.at(i)
-					when := e.when.Load()
-					if b.start > max(when/w.tick, w.elapsed) {
-						return fmt.Errorf("level %d slot %d: entry due %d (tick %d) in a bucket starting at %d (elapsed %d)",
-							lv, sl, when, when/w.tick, b.start, w.elapsed)
-					}
-					i = e.next
-				}
-			}
+	return eachLinked(w, func(where string, startTick int64, _ uint32, e *entry) error {
+		if when := e.when.Load(); startTick > max(when/w.tick, w.elapsed) {
+			return fmt.Errorf("%s: entry due %d (tick %d) in a bucket starting at %d (elapsed %d)",
+				where, when, when/w.tick, startTick, w.elapsed)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // TestReview21BareSystemBigJumps is TestWheelExactResets/system=true with what it leaves out:

@@ -2,6 +2,7 @@ package shardwheel
 
 import (
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -78,36 +79,40 @@ func strongVerifyLocked(s *shard) error {
 		}
 		return nil
 	}
-	for lv := 0; lv < numLevels; lv++ {
-		for occ := tw.occupied[lv]; occ != 0; occ &= occ - 1 {
-			sl := 0
-			for occ&(1<<uint(sl)) == 0 {
-				sl++
-			}
-			b := &tw.buckets[lv][sl]
-			for _, h := range b.lanes {
-				for i := h; i != 0; i = s.slab.at(i).next {
-					if err := check(fmt.Sprintf("level %d slot %d", lv, sl), b.start, i, s.slab.at(i)); err != nil {
-						return err
-					}
+	return eachLinked(tw, check)
+}
+
+// eachLinked calls fn for each entry linked in w's levels, its cascade in progress and its
+// soon buckets (not the held one), with where it is and the tick its bucket starts at (a soon
+// bucket's: elapsed), until fn returns an error, which it returns.
+func eachLinked(w *wheel, fn func(where string, startTick int64, i uint32, e *entry) error) error {
+	walk := func(b *bucket, where string, startTick int64) error {
+		for _, h := range b.lanes {
+			for i := h; i != 0; {
+				e := w.slab.at(i)
+				if err := fn(where, startTick, i, e); err != nil {
+					return err
 				}
+				i = e.next
 			}
 		}
+		return nil
 	}
-	for _, h := range tw.casc.lanes {
-		for i := h; i != 0; i = s.slab.at(i).next {
-			if err := check("cascade", tw.casc.start, i, s.slab.at(i)); err != nil {
+	for lv := 0; lv < numLevels; lv++ {
+		for occ := w.occupied[lv]; occ != 0; occ &= occ - 1 {
+			sl := bits.TrailingZeros64(occ)
+			b := &w.buckets[lv][sl]
+			if err := walk(b, fmt.Sprintf("level %d slot %d", lv, sl), b.start); err != nil {
 				return err
 			}
 		}
 	}
-	for f := range tw.soon {
-		for _, h := range tw.soon[f].lanes {
-			for i := h; i != 0; i = s.slab.at(i).next {
-				if err := check(fmt.Sprintf("soon %d", f), tw.elapsed, i, s.slab.at(i)); err != nil {
-					return err
-				}
-			}
+	if err := walk(&w.casc, "cascade", w.casc.start); err != nil {
+		return err
+	}
+	for f := range w.soon {
+		if err := walk(&w.soon[f], fmt.Sprintf("soon %d", f), w.elapsed); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -579,6 +579,34 @@ func (w *wheel) position(e *entry) (lv, sl int, ln uint8, ok bool) {
 	return 0, 0, 0, false
 }
 
+// verifyLanes checks bucket b, which is bucket (lv, sl), for verify: each lane's entries link
+// back to it (the first to the lane's reference, each other to the entry before it), none is in
+// a state it cannot have there (notLinkable), and each passes check (nil: no more). It returns
+// how many entries it walked; an error names where.
+func (w *wheel) verifyLanes(b *bucket, lv, sl int, where string, check func(e *entry) error) (int, error) {
+	n := 0
+	for ln, h := range b.lanes {
+		prev := laneRef(lv, sl, uint8(ln))
+		for i := h; i != 0; {
+			e := w.slab.at(i)
+			if i&laneBit != 0 || e.prev != prev {
+				return n, fmt.Errorf("%s lane %d: entry links wrong", where, ln)
+			}
+			if check != nil {
+				if err := check(e); err != nil {
+					return n, fmt.Errorf("%s: %w", where, err)
+				}
+			}
+			if err := notLinkable(e, lv == heldLv); err != nil {
+				return n, fmt.Errorf("%s: %w", where, err)
+			}
+			prev, i = i, e.next
+			n++
+		}
+	}
+	return n, nil
+}
+
 // notLinkable reports a linked entry in a state it cannot have where it is linked: queued (the
 // shard links an entry only as it takes the add, clearing the bit), stopping (only a queued
 // entry stops that way), or parked outside the held bucket (wheel.park). For verify.
@@ -597,8 +625,9 @@ func notLinkable(e *entry, inHeld bool) error {
 // its bucket, each lane's entries link back to it (the first to the lane's reference, each other
 // to the entry before it) and are counted, each non-empty bucket is in the heap with a start at
 // or after elapsed that its slot math agrees with, the heap is a heap, the bounds min0 and
-// soonMin are at or below their entries' deadlines, and no parked entry (timer.go) is linked
-// outside the held bucket.
+// soonMin are at or below their entries' deadlines, no parked entry (timer.go) is linked
+// outside the held bucket, and a cascade in progress (casc) started at or before elapsed, in
+// elapsed's group of 64 ticks.
 func (w *wheel) verify() error {
 	n := 0
 	for lv := range w.buckets {
@@ -624,77 +653,44 @@ func (w *wheel) verify() error {
 			if !maps {
 				return fmt.Errorf("level %d slot %d: start %d does not map here from elapsed %d", lv, sl, b.start, w.elapsed)
 			}
-			for ln, h := range b.lanes {
-				prev := laneRef(lv, sl, uint8(ln))
-				for i := h; i != 0; {
-					e := w.slab.at(i)
-					if i&laneBit != 0 || e.prev != prev {
-						return fmt.Errorf("level %d slot %d lane %d: entry links wrong", lv, sl, ln)
-					}
-					if lv == overflowLv && bucketStart(e.when.Load()/w.tick, lv) < b.start {
-						return fmt.Errorf("overflow: entry due %d parked past its era start %d", e.when.Load(), b.start)
-					}
-					if lv == 0 && w.min0[sl] > e.when.Load() {
-						return fmt.Errorf("level 0 slot %d: bound %d after a deadline %d", sl, w.min0[sl], e.when.Load())
-					}
-					if err := notLinkable(e, false); err != nil {
-						return fmt.Errorf("level %d slot %d: %w", lv, sl, err)
-					}
-					prev, i = i, e.next
-					n++
+			where := fmt.Sprintf("level %d slot %d", lv, sl)
+			k, err := w.verifyLanes(b, lv, sl, where, func(e *entry) error {
+				if lv == overflowLv && bucketStart(e.when.Load()/w.tick, lv) < b.start {
+					return fmt.Errorf("entry due %d parked past its era start %d", e.when.Load(), b.start)
 				}
+				if lv == 0 && w.min0[sl] > e.when.Load() {
+					return fmt.Errorf("bound %d after a deadline %d", w.min0[sl], e.when.Load())
+				}
+				return nil
+			})
+			if n += k; err != nil {
+				return err
 			}
 		}
 	}
 	for f := range w.soon {
-		for ln, h := range w.soon[f].lanes {
-			prev := laneRef(soonLv, f, uint8(ln))
-			for i := h; i != 0; {
-				e := w.slab.at(i)
-				if i&laneBit != 0 || e.prev != prev {
-					return fmt.Errorf("soon %d lane %d: entry links wrong", f, ln)
-				}
-				if when := e.when.Load(); when < w.soonMin[f] || when/w.tick < w.elapsed {
-					return fmt.Errorf("soon %d: deadline %d before its bound %d or the tick in progress %d", f, when, w.soonMin[f], w.elapsed)
-				}
-				if err := notLinkable(e, false); err != nil {
-					return fmt.Errorf("soon %d: %w", f, err)
-				}
-				prev, i = i, e.next
-				n++
+		k, err := w.verifyLanes(&w.soon[f], soonLv, f, fmt.Sprintf("soon %d", f), func(e *entry) error {
+			if when := e.when.Load(); when < w.soonMin[f] || when/w.tick < w.elapsed {
+				return fmt.Errorf("deadline %d before its bound %d or the tick in progress %d", when, w.soonMin[f], w.elapsed)
 			}
+			return nil
+		})
+		if n += k; err != nil {
+			return err
 		}
 	}
-	for ln, h := range w.held.lanes {
-		prev := laneRef(heldLv, 0, uint8(ln))
-		for i := h; i != 0; {
-			e := w.slab.at(i)
-			if i&laneBit != 0 || e.prev != prev {
-				return fmt.Errorf("held lane %d: entry links wrong", ln)
-			}
-			if err := notLinkable(e, true); err != nil {
-				return fmt.Errorf("held lane %d: %w", ln, err)
-			}
-			prev, i = i, e.next
-			n++
-		}
+	k, err := w.verifyLanes(&w.held, heldLv, 0, "held", nil)
+	if n += k; err != nil {
+		return err
 	}
-	if !w.casc.empty() && w.casc.start > w.elapsed {
-		return fmt.Errorf("cascade in progress from tick %d, after elapsed %d", w.casc.start, w.elapsed)
+	// Only level-0 buckets go before a cascade's rest, and they lie in elapsed's level-1 group:
+	// so elapsed never leaves the group of the cascade's start (advance).
+	if !w.casc.empty() && (w.casc.start > w.elapsed || w.casc.start>>slotBits != w.elapsed>>slotBits) {
+		return fmt.Errorf("cascade in progress from tick %d, elapsed %d is before it or past its first 64 ticks", w.casc.start, w.elapsed)
 	}
-	for ln, h := range w.casc.lanes {
-		prev := laneRef(cascLv, 0, uint8(ln))
-		for i := h; i != 0; {
-			e := w.slab.at(i)
-			if i&laneBit != 0 || e.prev != prev {
-				return fmt.Errorf("cascade lane %d: entry links wrong", ln)
-			}
-			if err := notLinkable(e, false); err != nil {
-				return fmt.Errorf("cascade lane %d: %w", ln, err)
-			}
-			prev, i = i, e.next
-			n++
-		}
+	k, err = w.verifyLanes(&w.casc, cascLv, 0, "cascade", nil)
+	if n += k; err != nil {
+		return err
 	}
 	if n != w.count {
 		return fmt.Errorf("count %d, linked entries %d", w.count, n)
