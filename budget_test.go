@@ -147,3 +147,44 @@ func TestWheelLevel0BeforeCascadeRest(t *testing.T) {
 		})
 	}
 }
+
+// TestWheelCascadeGoesOnBesideShortTimers: on the system clock a due bucket below a cascade's
+// rest goes first (wheel.lowerDue), but not with the whole step: while a budget's worth of short
+// timers comes due at every step, the rest of a level-2 cascade still shrinks at every step, by
+// a quarter of the budget less the round of lanes that takeLanes may finish past its limit (7
+// entries at most), and every timer fires once and never early.
+func TestWheelCascadeGoesOnBesideShortTimers(t *testing.T) {
+	const n, budget = 2000, 80
+	tw := sw.NewTestWheel(0) // a tick of 1 ns: deadlines are ticks
+	tw.SystemClock = true
+	for id := 0; id < n; id++ {
+		tw.Insert(id, 4196+int64(id)%3900) // the level-2 bucket from tick 4096; none due before 4196
+	}
+	require.Equal(t, 2, tw.Level(0))
+	require.False(t, tw.AdvanceBudget(4100, budget), "the cascade takes more than one step")
+	id, now := n, int64(4101)
+	for step := 0; tw.Cascading() > 0; step++ {
+		before := tw.Cascading()
+		for k := 0; k < budget; k++ {
+			tw.Insert(id, now) // due at this step's reading
+			id++
+		}
+		tw.AdvanceBudget(now, budget)
+		require.NoError(t, tw.Verify(), "step %d", step)
+		require.LessOrEqual(t, tw.Cascading(), before-(budget/4-7), "step %d: the cascade's rest did not shrink by its share", step)
+		now++
+	}
+	for !tw.AdvanceBudget(8192, budget) {
+		require.NoError(t, tw.Verify())
+	}
+	seen := map[int]int{}
+	for _, f := range tw.Fired {
+		seen[f.ID]++
+		require.LessOrEqual(t, f.When, f.Now, "entry %d fired early", f.ID)
+	}
+	require.Len(t, seen, id)
+	for x, c := range seen {
+		require.Equal(t, 1, c, "entry %d fired %d times", x, c)
+	}
+	require.Zero(t, tw.Len())
+}

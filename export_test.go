@@ -131,6 +131,17 @@ func (t *TestWheel) Len() int              { return t.w.count }
 func (t *TestWheel) Occupied(l int) uint64 { return t.w.occupied[l] }
 func (t *TestWheel) Verify() error         { return t.w.verify() }
 
+// Cascading reports how many entries wait in the rest of a cascade cut short (wheel.casc).
+func (t *TestWheel) Cascading() int {
+	n := 0
+	for _, h := range t.w.casc.lanes {
+		for i := h; i != 0; i = t.sl.at(i).next {
+			n++
+		}
+	}
+	return n
+}
+
 // Level reports the level an entry is linked at, or -1 if it is not linked.
 func (t *TestWheel) Level(id int) int {
 	lv, _, _, ok := t.w.position(t.sl.at(t.entries[id]))

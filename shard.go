@@ -112,7 +112,7 @@ func (s *shard) init(w *Wheel, ringSize int) {
 	s.ring.init(ringSize)
 	s.next.Store(never)
 	s.tw.init(w.nanos()/w.tick, w.ticks, &s.slab)
-	s.tw.interleave = w.manual == nil // a due level-0 bucket goes before a cascade's rest (wheel.casc)
+	s.tw.interleave = w.manual == nil // a due lower bucket goes before a cascade's rest (wheel.casc)
 	s.slab.onGrow = w.noteGrow
 	s.expireFn = s.expire
 }

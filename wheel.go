@@ -22,8 +22,8 @@ import (
 // Tokio's wheel), so every entry of one bucket shares the bucket's start tick. When time reaches
 // that start the bucket is taken whole: entries that are due fire, the others are re-inserted one
 // level or more down (Kafka's cascade); a cascade cut short by a step's budget keeps its rest
-// aside (casc), and on the system clock a due bucket of level 0 goes before that rest, so a
-// short timer never waits for a big cascade. Buckets are visited in order of their start through a
+// aside (casc), and on the system clock a due bucket of a lower level goes before that rest, so
+// a short timer never waits for a big cascade. Buckets are visited in order of their start through a
 // min-heap (Kafka's DelayQueue), so time jumps from one non-empty bucket to the next: no empty
 // ticks, and a jump of three years costs one visit per non-empty bucket.
 //
@@ -152,16 +152,20 @@ type wheel struct {
 	// held holds the entries that an advance found held by a Reset (parked, timer.go): no
 	// advance takes it; each such Reset sends a command that moves its entry out.
 	held bucket
-	// casc is the rest of a bucket of level 1 or more that a budgeted advance took in part: a
-	// cascade in progress, whose start is casc.start (no heap node: advance takes it on its own
-	// terms). Its entries' ticks lie in that bucket's span, which holds elapsed. With a manual
-	// clock advance finishes it before any other bucket, as one unbounded advance would; with
-	// interleave (the system clock) a level-0 bucket that is due goes first: a cascade of a
-	// million entries takes about 20 ms of one core, and short timers armed meanwhile, in the
-	// level-0 buckets of that span, would otherwise wait for all of it. Entries of casc whose
-	// tick elapsed has passed are due by then, and fire as they are taken (shard.expire).
+	// casc is the rest of a bucket of level cascLevel (1 or more) that a budgeted advance took in
+	// part: a cascade in progress, whose start is casc.start (no heap node: advance takes it on
+	// its own terms). The bucket's span, from casc.start for 64^cascLevel ticks, holds elapsed,
+	// and every bucket of a lower level (whose entries share elapsed's bits above that level).
+	// Its entries' ticks lie in that span, or later after a Reset (no command is sent when a
+	// deadline moves later: expire links the entry at its new tick). With a manual clock advance
+	// finishes it before any other bucket, as one unbounded advance would; with interleave (the
+	// system clock) a due bucket of a lower level goes first: a cascade of a million entries
+	// takes about 20 ms of one core, and short timers armed meanwhile, in the lower buckets of
+	// that span, would otherwise wait for all of it. Entries of casc whose tick elapsed has
+	// passed are due by then, and fire as they are taken (shard.expire).
 	casc       bucket
-	interleave bool // set by the shard on the system clock; immutable
+	cascLevel  uint8 // the level of casc's bucket, meaningful while casc is not empty
+	interleave bool  // set by the shard on the system clock; immutable
 	heap       bucketHeap
 	slab       *slab // where linked indices point; the shard's
 	ticks            // the Wheel's tick arithmetic (clock.go); immutable
@@ -350,8 +354,12 @@ func (w *wheel) popNode() heapNode {
 // of level 0 is put back (putBack), of a soon bucket into it, and of a bucket of a higher level
 // into casc, the cascade in progress; elapsed is that bucket's start, and the next call goes on
 // from there. The next call finishes casc before it takes any other bucket, except, with
-// interleave, a due bucket of level 0, which it takes first (moving elapsed on within the span of
-// casc's bucket). The overflow bucket is always taken whole: a visit may re-park entries in it.
+// interleave, a due bucket of a lower level, which it takes first (moving elapsed on within the
+// span of casc's bucket; if the budget cuts that one short too, its rest is put back, as a
+// level-0 bucket's is, and taken first again in the next call). Those buckets get at most three
+// quarters of a step's budget: the rest is casc's, so that a cascade goes on however many short
+// timers come due meanwhile.
+// The overflow bucket is always taken whole: a visit may re-park entries in it.
 func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) bool {
 	t := now / w.tick
 	if t < w.elapsed {
@@ -363,8 +371,14 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 		return false
 	}
 	left := budget - took
+	// casc's share of a budgeted step, which buckets that go before it (lowerDue) leave it: so
+	// a cascade goes on however many short timers come due meanwhile.
+	reserve := 0
+	if budget > 0 {
+		reserve = max(1, budget/4)
+	}
 	for {
-		if !w.casc.empty() && !(w.interleave && w.level0Due(t, now)) {
+		if !w.casc.empty() && !(w.interleave && (budget == 0 || left > reserve) && w.lowerDue(t, now)) {
 			if budget > 0 && left <= 0 {
 				return false
 			}
@@ -374,7 +388,7 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 			}
 			continue
 		}
-		// Here casc is empty, or the heap's next bucket is a due one of level 0 (level0Due).
+		// Here casc is empty, or the heap's next bucket is a due one below casc's (lowerDue).
 		if w.heap.len() == 0 {
 			break
 		}
@@ -401,13 +415,20 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 		limit := 0
 		if budget > 0 && int(n.level) != overflowLv {
 			limit = left
+			if !w.casc.empty() {
+				limit -= reserve // at least 1: the bucket went first only with left > reserve
+			}
 		}
 		left -= w.takeLanes(&cur, expire, limit)
 		if cur != ([laneCount]uint32{}) {
+			if !w.casc.empty() {
+				w.putBack(n, &cur) // taken first again, after casc's share of this step
+				continue
+			}
 			if n.level == 0 {
 				w.putBack(n, &cur)
 			} else {
-				w.casc.start = n.start
+				w.casc.start, w.cascLevel = n.start, n.level
 				w.setLanes(&w.casc, cascLv, 0, &cur)
 			}
 			return false
@@ -417,16 +438,18 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 	return true
 }
 
-// level0Due reports whether the heap's next live bucket is one of level 0 that is due at the
-// reading now (tick t), as advance would take it. It drops stale nodes on the way.
-func (w *wheel) level0Due(t, now int64) bool {
+// lowerDue reports whether the heap's next live bucket is due at the reading now (tick t), as
+// advance would take it, and of a level below casc's. Every bucket of a lower level lies in the
+// span of casc's bucket, and every other one starts after that span: so the heap's next bucket
+// is such a bucket if any is. It drops stale nodes on the way.
+func (w *wheel) lowerDue(t, now int64) bool {
 	for w.heap.len() > 0 {
 		n := w.heap.top()
 		if !w.live(n) {
 			w.popNode()
 			continue
 		}
-		return n.level == 0 && n.start <= t && w.min0[n.slot] <= now
+		return n.level < w.cascLevel && n.start <= t && (n.level != 0 || w.min0[n.slot] <= now)
 	}
 	return false
 }
@@ -488,7 +511,8 @@ func (w *wheel) takeSoon(expire func(i uint32, e *entry), budget int) (took int,
 }
 
 // putBack links the untaken rest of a bucket's lanes, cur, back into the bucket of node n, which
-// advance took and which nothing was inserted into since (see advance), and queues it again.
+// advance took and which nothing was inserted into since, and queues it again. Nothing can be:
+// elapsed is the bucket's start, so a tick in its span now maps to a lower level (levelFor).
 func (w *wheel) putBack(n heapNode, cur *[laneCount]uint32) {
 	b := &w.buckets[n.level][n.slot]
 	w.setLanes(b, int(n.level), int(n.slot), cur)
@@ -626,8 +650,8 @@ func notLinkable(e *entry, inHeld bool) error {
 // to the entry before it) and are counted, each non-empty bucket is in the heap with a start at
 // or after elapsed that its slot math agrees with, the heap is a heap, the bounds min0 and
 // soonMin are at or below their entries' deadlines, no parked entry (timer.go) is linked
-// outside the held bucket, and a cascade in progress (casc) started at or before elapsed, in
-// elapsed's group of 64 ticks.
+// outside the held bucket, and a cascade in progress (casc) is of a level from 1 below the
+// overflow and its bucket's span holds elapsed.
 func (w *wheel) verify() error {
 	n := 0
 	for lv := range w.buckets {
@@ -683,10 +707,11 @@ func (w *wheel) verify() error {
 	if n += k; err != nil {
 		return err
 	}
-	// Only level-0 buckets go before a cascade's rest, and they lie in elapsed's level-1 group:
-	// so elapsed never leaves the group of the cascade's start (advance).
-	if !w.casc.empty() && (w.casc.start > w.elapsed || w.casc.start>>slotBits != w.elapsed>>slotBits) {
-		return fmt.Errorf("cascade in progress from tick %d, elapsed %d is before it or past its first 64 ticks", w.casc.start, w.elapsed)
+	// Only buckets of lower levels go before a cascade's rest, and they lie in the span of its
+	// bucket: so elapsed never leaves that span (advance).
+	if !w.casc.empty() && (w.cascLevel == 0 || int(w.cascLevel) >= overflowLv ||
+		w.casc.start > w.elapsed || bucketStart(w.elapsed, int(w.cascLevel)) != w.casc.start) {
+		return fmt.Errorf("cascade in progress from tick %d at level %d, elapsed %d is not in its span", w.casc.start, w.cascLevel, w.elapsed)
 	}
 	k, err = w.verifyLanes(&w.casc, cascLv, 0, "cascade", nil)
 	if n += k; err != nil {
