@@ -46,7 +46,7 @@ func floodAtCascade(b *testing.B, n int, lead int64) (first, last time.Duration)
 	}
 	defer w.Stop()
 	tick := w.tick
-	_, t0 := floodMoment(w, lead)
+	_, t0 := floodMoment(w, 1, lead)
 	// Each callback counts down its stripe of floodStripe timers, and the last of a stripe the
 	// stripes (as BenchmarkFirePhase's do): one counter for all would measure its own cache
 	// line moving between the cores. Only the stripe's first callback looks at the clock.
@@ -81,10 +81,11 @@ func floodAtCascade(b *testing.B, n int, lead int64) (first, last time.Duration)
 	return time.Duration(firstAt.Load() - t0.UnixNano()), time.Duration(lastAt.Load() - t0.UnixNano())
 }
 
-// floodMoment is when a flood on w falls due: lead ticks after the start of the first level-1
-// bucket at least 1.5 s ahead of w's clock, as ticks since w.base and as a time.
-func floodMoment(w *Wheel, lead int64) (at int64, t0 time.Time) {
-	at = (w.nanos()+int64(1500*time.Millisecond))/w.tick/numSlots*numSlots + numSlots + lead
+// floodMoment is when a flood on w falls due: lead ticks after the start of the first bucket of
+// level lv at least 1.5 s ahead of w's clock, as ticks since w.base and as a time.
+func floodMoment(w *Wheel, lv int, lead int64) (at int64, t0 time.Time) {
+	span := int64(1) << (lv * slotBits)
+	at = (w.nanos()+int64(1500*time.Millisecond))/w.tick/span*span + span + lead
 	return at, w.base.Add(time.Duration(at * w.tick))
 }
 
@@ -115,48 +116,62 @@ type floodStripe struct {
 const floodStripeLen = 1024
 
 // BenchmarkShortTimerBehindCascade measures how late a short timer runs while its shard
-// cascades a big bucket: a million timers armed about 1.5 s ahead, all due 40 ticks after the
-// start of the level-1 bucket that holds them (so the cascade of that bucket, at its start, has
-// time to finish before they fire), and meanwhile "canaries", from 3 ms before that start to
+// cascades a big bucket: a million timers armed about 1.5 s ahead, all due lead ticks after the
+// start of the bucket of level lv that holds them (so the cascade of that bucket, at its start,
+// has time to finish before they fire), and meanwhile "canaries", from 3 ms before that start to
 // 30 ms after it, one every 100 µs (or as often as the sleep allows), each armed with a 2 ms
 // delay, as an RPC timeout armed while the flood waits would be. The wheel takes buckets in the
-// order of their start and a cascade runs in budgeted steps, so a canary due in a level-0 bucket
-// after the cascading one waits for the rest of the cascade. It reports the canaries' lateness
-// against their exact deadlines (p50 and max, in ms) beside the same canaries on time.AfterFunc
-// with the same flood armed there; both floods fire after the canaries' window.
+// order of their start and a cascade runs in budgeted steps, so a canary due in a bucket after
+// the cascading one would wait for the rest of the cascade if nothing let it go first. It
+// reports the canaries' lateness against their exact deadlines (p50 and max, in ms) beside the
+// same canaries on time.AfterFunc with the same flood armed there; both floods fire after the
+// canaries' window.
+//
+// Two shapes: level=1 is a 64-tick bucket at the default 1 ms tick, due 40 ticks after its
+// start, whose cascade (about 20 ms) ends within the bucket's first 64 ticks, so the canaries
+// armed meanwhile land in level 0; level=2 is a 4096-tick bucket at a 100 µs tick, due 1000
+// ticks (100 ms) after its start, whose cascade runs on past the first 64 ticks (6.4 ms), so
+// the canaries armed after that land in level 1.
 //
 //	go test -run '^$' -bench BenchmarkShortTimerBehindCascade -benchtime 2x -count 3 .
 func BenchmarkShortTimerBehindCascade(b *testing.B) {
 	const n = 1_024_000
-	for _, procs := range []int{1, 2} {
-		for _, impl := range []string{"wheel", "runtime"} {
-			b.Run(fmt.Sprintf("impl=%s/procs=%d", impl, procs), func(b *testing.B) {
-				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
-				var p50, worst float64
-				for it := 0; it < b.N; it++ {
-					m, x := canariesBehindCascade(b, n, impl == "wheel")
-					p50 += m
-					worst = max(worst, x)
-				}
-				b.ReportMetric(p50/float64(b.N), "canary-p50-ms")
-				b.ReportMetric(worst, "canary-max-ms")
-				b.ReportMetric(0, "ns/op")
-			})
+	shapes := []struct {
+		lv   int
+		tick time.Duration
+		lead int64
+	}{{1, time.Millisecond, 40}, {2, 100 * time.Microsecond, 1000}}
+	for _, sh := range shapes {
+		for _, procs := range []int{1, 2} {
+			for _, impl := range []string{"wheel", "runtime"} {
+				b.Run(fmt.Sprintf("level=%d/impl=%s/procs=%d", sh.lv, impl, procs), func(b *testing.B) {
+					defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+					var p50, worst float64
+					for it := 0; it < b.N; it++ {
+						m, x := canariesBehindCascade(b, n, impl == "wheel", sh.lv, sh.tick, sh.lead)
+						p50 += m
+						worst = max(worst, x)
+					}
+					b.ReportMetric(p50/float64(b.N), "canary-p50-ms")
+					b.ReportMetric(worst, "canary-max-ms")
+					b.ReportMetric(0, "ns/op")
+				})
+			}
 		}
 	}
 }
 
 // canariesBehindCascade runs one flood with its canaries (see BenchmarkShortTimerBehindCascade)
-// and returns the canaries' median and worst lateness in ms. The flood is armed on the wheel or
-// on the runtime's timers, and so are the canaries.
-func canariesBehindCascade(b *testing.B, n int, onWheel bool) (p50, worst float64) {
-	const lead = 40 // ticks from the bucket's start to the flood's deadline
-	w, err := New()
+// and returns the canaries' median and worst lateness in ms. The flood is armed on the wheel (a
+// wheel with the given tick) or on the runtime's timers, and so are the canaries; it is due lead
+// ticks after the start of its bucket of level lv.
+func canariesBehindCascade(b *testing.B, n int, onWheel bool, lv int, tick time.Duration, lead int64) (p50, worst float64) {
+	w, err := New(WithTick(tick))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer w.Stop()
-	at, t0 := floodMoment(w, lead)
+	at, t0 := floodMoment(w, lv, lead)
 	start := w.base.Add(time.Duration((at - lead) * w.tick)) // the cascading bucket's start
 	var left atomic.Int64
 	left.Store(int64(n))
