@@ -7,3 +7,7 @@ package shardwheel
 type Picker struct{ p picker }
 
 func (p *Picker) ShardFor(addr uintptr, n uint32) uint32 { return p.p.shardFor(addr, n) }
+
+// raceEnabled reports whether the tests run under the race detector (norace_test.go has the
+// external package's).
+const raceEnabled = true

@@ -356,9 +356,9 @@ func (w *wheel) popNode() heapNode {
 // from there. The next call finishes casc before it takes any other bucket, except, with
 // interleave, a due bucket of a lower level, which it takes first (moving elapsed on within the
 // span of casc's bucket; if the budget cuts that one short too, its rest is put back, as a
-// level-0 bucket's is, and taken first again in the next call). Those buckets get at most three
-// quarters of a step's budget: the rest is casc's, so that a cascade goes on however many short
-// timers come due meanwhile.
+// level-0 bucket's is, and taken first again in the next call). Those buckets leave casc at
+// least a quarter of a step's budget (a budget under 32 leaves them nothing), so that a cascade
+// goes on however many short timers come due meanwhile.
 // The overflow bucket is always taken whole: a visit may re-park entries in it.
 func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) bool {
 	t := now / w.tick
@@ -372,13 +372,16 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 	}
 	left := budget - took
 	// casc's share of a budgeted step, which buckets that go before it (lowerDue) leave it: so
-	// a cascade goes on however many short timers come due meanwhile.
-	reserve := 0
+	// a cascade goes on however many short timers come due meanwhile. Such a bucket may take
+	// keep = reserve plus laneCount-1 less than what is left, since takeLanes finishes its round
+	// of lanes past its limit; with less than keep+1 left, casc goes first.
+	reserve, keep := 0, 0
 	if budget > 0 {
 		reserve = max(1, budget/4)
+		keep = reserve + laneCount - 1
 	}
 	for {
-		if !w.casc.empty() && !(w.interleave && (budget == 0 || left > reserve) && w.lowerDue(t, now)) {
+		if !w.casc.empty() && !(w.interleave && (budget == 0 || left > keep) && w.lowerDue(t, now)) {
 			if budget > 0 && left <= 0 {
 				return false
 			}
@@ -416,7 +419,7 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 		if budget > 0 && int(n.level) != overflowLv {
 			limit = left
 			if !w.casc.empty() {
-				limit -= reserve // at least 1: the bucket went first only with left > reserve
+				limit -= keep // at least 1: the bucket went first only with left > keep
 			}
 		}
 		left -= w.takeLanes(&cur, expire, limit)
