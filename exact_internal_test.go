@@ -35,6 +35,23 @@ func (h *rwHarness) raise(id int, when int64) {
 	h.when[id] = when
 }
 
+// holdsPending reports an error unless the wheel counts as many linked entries as there are
+// pending ones and, with all, every pending entry is linked (all: a walk of them, which the
+// random models skip at most steps).
+func (h *rwHarness) holdsPending(all bool) error {
+	if h.w.count != len(h.when) {
+		return fmt.Errorf("%d linked, %d pending", h.w.count, len(h.when))
+	}
+	if all {
+		for x := range h.when {
+			if !h.sl.at(h.entries[x]).linked() {
+				return fmt.Errorf("pending entry %d not linked", x)
+			}
+		}
+	}
+	return nil
+}
+
 // advance is one budgeted step; it fails the test's goroutine on an early firing.
 func (h *rwHarness) advance(now int64, budget int) bool {
 	before := len(h.Fired)

@@ -112,13 +112,8 @@ func TestReview21BareSystemBigJumps(t *testing.T) {
 					}
 				}
 				h.Fired = h.Fired[:0]
-				if h.w.count != len(h.when) {
-					t.Fatalf("tick %d round %d %s: %d linked, %d pending", tc.tick, round, where, h.w.count, len(h.when))
-				}
-				for x := range h.when {
-					if h.Level(x) < 0 {
-						t.Fatalf("tick %d round %d %s: pending entry %d not linked", tc.tick, round, where, x)
-					}
+				if err := h.holdsPending(true); err != nil {
+					t.Fatalf("tick %d round %d %s: %v", tc.tick, round, where, err)
 				}
 			}
 			for step := 0; step < 200; step++ {

@@ -164,15 +164,8 @@ func TestReview22CascRandom(t *testing.T) {
 						}
 					}
 					h.Fired = h.Fired[:0]
-					if h.w.count != len(h.when) {
-						fail(fmt.Errorf("%d linked, %d pending", h.w.count, len(h.when)))
-					}
-					if full {
-						for x := range h.when {
-							if !h.sl.at(h.entries[x]).linked() {
-								fail(fmt.Errorf("pending entry %d not linked", x))
-							}
-						}
+					if err := h.holdsPending(full); err != nil {
+						fail(err)
 					}
 				}
 				for step := 0; step < 80; step++ {
