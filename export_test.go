@@ -3,6 +3,7 @@ package shardwheel
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"time"
 	"unsafe"
 )
@@ -132,14 +133,18 @@ func (t *TestWheel) Occupied(l int) uint64 { return t.w.occupied[l] }
 func (t *TestWheel) Verify() error         { return t.w.verify() }
 
 // Cascading reports how many entries wait in the rest of a cascade cut short (wheel.casc).
-func (t *TestWheel) Cascading() int {
-	n := 0
-	for _, h := range t.w.casc.lanes {
+func (t *TestWheel) Cascading() int { return len(t.ids(&t.w.casc)) }
+
+// ids returns the ids of the entries linked in bucket b, sorted.
+func (t *TestWheel) ids(b *bucket) []int {
+	var out []int
+	for _, h := range b.lanes {
 		for i := h; i != 0; i = t.sl.at(i).next {
-			n++
+			out = append(out, t.sl.at(i).arg.(int))
 		}
 	}
-	return n
+	slices.Sort(out)
+	return out
 }
 
 // Level reports the level an entry is linked at, or -1 if it is not linked.

@@ -64,18 +64,8 @@ func TestReview22CascRandom(t *testing.T) {
 				id := 0
 				fired := map[int]bool{}
 				startElapsed := int64(0) // elapsed at the start of the advance in progress
-				inCasc := func() []int {
-					var ids []int
-					for _, hd := range h.w.casc.lanes {
-						for i := hd; i != 0; i = h.sl.at(i).next {
-							ids = append(ids, h.sl.at(i).arg.(int))
-						}
-					}
-					slices.Sort(ids)
-					return ids
-				}
 				pick := func() (int, bool) {
-					ids := inCasc()
+					ids := h.ids(&h.w.casc)
 					if len(ids) > 0 && rng.IntN(4) != 0 {
 						cascHit++
 						return ids[rng.IntN(len(ids))], true

@@ -55,14 +55,7 @@ func putBackIDs(h *rwHarness) map[[2]int][]int {
 			if b.empty() || b.start != w.elapsed {
 				continue
 			}
-			var ids []int
-			for _, hd := range b.lanes {
-				for i := hd; i != 0; i = h.sl.at(i).next {
-					ids = append(ids, h.sl.at(i).arg.(int))
-				}
-			}
-			slices.Sort(ids)
-			out[[2]int{lv, sl}] = ids
+			out[[2]int{lv, sl}] = h.ids(b)
 		}
 	}
 	return out
@@ -102,16 +95,6 @@ func TestReview23PutBackRandom(t *testing.T) {
 				h.insert(id, (big+rng.Int64N(span))*tc.tick+rng.Int64N(tc.tick))
 				id++
 			}
-			ids := func(b *bucket) []int {
-				var out []int
-				for _, hd := range b.lanes {
-					for i := hd; i != 0; i = h.sl.at(i).next {
-						out = append(out, h.sl.at(i).arg.(int))
-					}
-				}
-				slices.Sort(out)
-				return out
-			}
 			pick := func() (int, bool) {
 				if rng.IntN(3) != 0 {
 					pb := putBackIDs(h)
@@ -126,7 +109,7 @@ func TestReview23PutBackRandom(t *testing.T) {
 						return l[rng.IntN(len(l))], true
 					}
 				}
-				if c := ids(&h.w.casc); len(c) > 0 && rng.IntN(2) == 0 {
+				if c := h.ids(&h.w.casc); len(c) > 0 && rng.IntN(2) == 0 {
 					return c[rng.IntN(len(c))], true
 				}
 				all := make([]int, 0, len(h.when))
@@ -235,7 +218,7 @@ func TestReview23PutBackRandom(t *testing.T) {
 				for steps := 0; ; steps++ {
 					before := putBackIDs(h)
 					elBefore := h.w.elapsed
-					cascBefore := len(ids(&h.w.casc))
+					cascBefore := len(h.ids(&h.w.casc))
 					if h.advance(now, budget) {
 						break
 					}
@@ -269,7 +252,7 @@ func TestReview23PutBackRandom(t *testing.T) {
 					}
 					cmds(3, budget >= 8)
 					subset("commands", after, putBackIDs(h))
-					if c := len(ids(&h.w.casc)); c > 0 && c >= cascBefore {
+					if c := len(h.ids(&h.w.casc)); c > 0 && c >= cascBefore {
 						stuck++
 					} else {
 						stuck = 0

@@ -357,8 +357,8 @@ func (w *wheel) popNode() heapNode {
 // interleave, a due bucket of a lower level, which it takes first (moving elapsed on within the
 // span of casc's bucket; if the budget cuts that one short too, its rest is put back, as a
 // level-0 bucket's is, and taken first again in the next call). Those buckets leave casc at
-// least a quarter of a step's budget (a budget under 32 leaves them nothing), so that a cascade
-// goes on however many short timers come due meanwhile.
+// least a quarter of a step's budget (a budget under 10 leaves them nothing: see keep), so that
+// a cascade goes on however many short timers come due meanwhile.
 // The overflow bucket is always taken whole: a visit may re-park entries in it.
 func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) bool {
 	t := now / w.tick
@@ -371,14 +371,13 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 		return false
 	}
 	left := budget - took
-	// casc's share of a budgeted step, which buckets that go before it (lowerDue) leave it: so
-	// a cascade goes on however many short timers come due meanwhile. Such a bucket may take
-	// keep = reserve plus laneCount-1 less than what is left, since takeLanes finishes its round
-	// of lanes past its limit; with less than keep+1 left, casc goes first.
-	reserve, keep := 0, 0
+	// What a bucket that goes before casc (lowerDue) leaves of a budgeted step: casc's share, a
+	// quarter, so that a cascade goes on however many short timers come due meanwhile, plus the
+	// laneCount-1 entries by which takeLanes may pass its limit to finish a round of lanes. With
+	// keep or less left, casc goes first.
+	keep := 0
 	if budget > 0 {
-		reserve = max(1, budget/4)
-		keep = reserve + laneCount - 1
+		keep = max(1, budget/4) + laneCount - 1
 	}
 	for {
 		if !w.casc.empty() && !(w.interleave && (budget == 0 || left > keep) && w.lowerDue(t, now)) {
@@ -424,17 +423,16 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 		}
 		left -= w.takeLanes(&cur, expire, limit)
 		if cur != ([laneCount]uint32{}) {
-			if !w.casc.empty() {
-				w.putBack(n, &cur) // taken first again, after casc's share of this step
-				continue
-			}
-			if n.level == 0 {
-				w.putBack(n, &cur)
-			} else {
+			if n.level != 0 && w.casc.empty() {
 				w.casc.start, w.cascLevel = n.start, n.level
 				w.setLanes(&w.casc, cascLv, 0, &cur)
+				return false
 			}
-			return false
+			w.putBack(n, &cur)
+			if w.casc.empty() {
+				return false
+			}
+			continue // casc's share of this step; the rest is taken first again next time
 		}
 	}
 	w.elapsed = t
