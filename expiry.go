@@ -24,6 +24,9 @@ import (
 // whose cache holds those entries, and offering shares of it only to workers that are idle
 // (Wheel.idle). While the callbacks run, the claim says so (claimRunning), so the next keeper
 // can take the shard over and advance its next step itself.
+// The keeper's sleep is one runtime timer, in the heap of the P that armed it, and the runtime
+// can run it late while that P is idle and another is busy; so producers look too: an arm or a
+// Reset that finds the keeper's target passed wakes it (overdue).
 // So a deadline is one goroutine wake-up from its callback, no goroutine or channel sits on the
 // path of every expired timer, and a flood spreads over every worker (the runtime runs a P's
 // timers on that P; Tokio a worker's wheel on that worker; here any idle worker takes the next
@@ -91,6 +94,28 @@ func (w *Wheel) signal() {
 	}
 	if !w.keeper.Load() {
 		w.nudgeIdle()
+	}
+}
+
+// overdue wakes the keeper if the moment it sleeps until has passed at now, a producer's reading
+// of the clock. Any goroutine may call it; AfterFunc and Reset do, with the reading they took
+// for the deadline, so it costs one load of target on the common path.
+//
+// Why: the keeper sleeps on one runtime timer, which lives in the heap of the P that armed it.
+// The runtime runs a P's timers when that P schedules; those of an idle P only when an M wakes
+// for them in the netpoller or sysmon notices, and while another P is busy that can be
+// milliseconds late (a trace of the sustained load showed 2.9 ms, the producers running on the
+// other P throughout). Every arm is one more look, as every schedule is for the runtime's own
+// timers. One producer signals per target: it moves target to awake with a CAS, as the keeper
+// itself does when it wakes, so the others find awake and do not signal. Awake while a keeper
+// still sleeps is safe: the wake token this signal leaves is in wake, or a token already was,
+// and the keeper's select takes it and reads every group. A CAS that lands while the role is
+// free after releaseLater turns it into a release: signal nudges an idle worker; and if that
+// signal still saw the role held, releaseLater's own later reading of the clock is past target
+// too, so it nudges instead of arming the watchdog.
+func (w *Wheel) overdue(now int64) {
+	if t := w.target.Load(); t != awake && now >= t && w.target.CompareAndSwap(t, awake) {
+		w.signal()
 	}
 }
 

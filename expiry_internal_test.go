@@ -273,3 +273,47 @@ func TestExpiryDeadlineNotedWhileKeeperReleases(t *testing.T) {
 		require.Less(t, got, 500*time.Microsecond, "the 100µs timer waited for the watchdog: fired %v after it was armed", got)
 	})
 }
+
+// TestExpiryArmWakesOverdueKeeper: the runtime runs the keeper's timer late (as it does when the
+// keeper's P is idle and another P is busy), simulated by a target in the past while the keeper
+// sleeps on a timer a second out. An arm that notes no earlier deadline (an hour out) still
+// reads the clock past the target, and wakes the keeper: it goes round once and sleeps again
+// until its true target. A Reset does the same. Without the producers' look the keeper sleeps on.
+func TestExpiryArmWakesOverdueKeeper(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var sleeps atomic.Int32
+		testHookSleep = func(*Wheel) { sleeps.Add(1) }
+		defer func() { testHookSleep = nil }()
+		w, err := New(WithWorkers(1), WithShards(1))
+		require.NoError(t, err)
+		defer w.Stop()
+		_, err = w.AfterFunc(time.Second, func() {})
+		require.NoError(t, err)
+		synctest.Wait()
+		target := w.target.Load()
+		require.Equal(t, w.shards[0].next.Load(), target, "the keeper sleeps until the second")
+		time.Sleep(10 * time.Millisecond) // a reading past the target below
+		late := func(what string, arm func()) {
+			t.Helper()
+			before := sleeps.Load()
+			w.target.Store(1) // the keeper's timer is overdue: its P did not run it
+			arm()
+			synctest.Wait()
+			require.Equal(t, before+1, sleeps.Load(), "%s: the keeper went round once", what)
+			require.Equal(t, target, w.target.Load(), "%s: and sleeps until its true target", what)
+		}
+		var tm Timer
+		late("AfterFunc", func() {
+			tm, err = w.AfterFunc(time.Hour, func() {})
+			require.NoError(t, err)
+		})
+		late("Reset", func() { require.True(t, tm.Reset(2*time.Hour)) })
+
+		// A target that has not come yet: nobody signals.
+		before := sleeps.Load()
+		_, err = w.AfterFunc(time.Hour, func() {})
+		require.NoError(t, err)
+		synctest.Wait()
+		require.Equal(t, before, sleeps.Load(), "an arm before the target woke the keeper")
+	})
+}

@@ -230,7 +230,8 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 		return w.reject(slabFull())
 	}
 	e.f, e.arg = f, arg
-	when := w.deadline(d)
+	now := w.nanos()
+	when := w.deadlineFrom(now, d)
 	e.when.Store(when)
 	ok, contended := s.send(i, gen, opAdd)
 	if contended {
@@ -244,6 +245,7 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 	}
 	s.scheduled.Inc()
 	s.noteDeadline(when)
+	w.overdue(now)
 	return Timer{s: s, i: i, gen: gen}, nil
 }
 

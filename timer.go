@@ -231,12 +231,14 @@ func (t Timer) Reset(d time.Duration) bool {
 		return false
 	}
 	e := s.slab.at(t.i)
-	when := s.w.deadline(d)
+	now := s.w.nanos()
+	when := s.w.deadlineFrom(now, d)
 	w, ok := t.claim(e)
 	if !ok {
 		return false
 	}
 	t.release(e, w, when)
+	s.w.overdue(now)
 	return true
 }
 
