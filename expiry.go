@@ -86,7 +86,7 @@ func newGroups(shards []*shard) []group {
 //
 // While the role is free after releaseLater, target holds the watchdog's moment, so a producer
 // whose deadline is earlier signals; nobody sleeps on wake then, so the signal nudges an idle
-// worker to take the role (and the next keeper finds the token in wake: one more look).
+// worker to take the role (the next keeper spends the token in wake at its first look).
 func (w *Wheel) signal() {
 	select {
 	case w.wake <- struct{}{}:
@@ -99,20 +99,27 @@ func (w *Wheel) signal() {
 
 // overdue wakes the keeper if the moment it sleeps until has passed at now, a producer's reading
 // of the clock. Any goroutine may call it; AfterFunc and Reset do, with the reading they took
-// for the deadline, so it costs one load of target on the common path.
+// for the deadline, so it costs one load of target on the common path (target's line is written
+// only a few times per keeper wake: shardwheel.go).
 //
 // Why: the keeper sleeps on one runtime timer, which lives in the heap of the P that armed it.
 // The runtime runs a P's timers when that P schedules; those of an idle P only when an M wakes
 // for them in the netpoller or sysmon notices, and while another P is busy that can be
 // milliseconds late (a trace of the sustained load showed 2.9 ms, the producers running on the
 // other P throughout). Every arm is one more look, as every schedule is for the runtime's own
-// timers. One producer signals per target: it moves target to awake with a CAS, as the keeper
-// itself does when it wakes, so the others find awake and do not signal. Awake while a keeper
-// still sleeps is safe: the wake token this signal leaves is in wake, or a token already was,
-// and the keeper's select takes it and reads every group. A CAS that lands while the role is
-// free after releaseLater turns it into a release: signal nudges an idle worker; and if that
-// signal still saw the role held, releaseLater's own later reading of the clock is past target
-// too, so it nudges instead of arming the watchdog.
+// timers. One producer signals per target: it moves target to awake with a CAS (the keeper
+// stores awake itself when it wakes, so a CAS after that fails), and the others then find awake
+// and do not signal.
+//
+// Why nothing is lost. Awake while a keeper still sleeps: the token this signal leaves is in
+// wake (or one already was), and the keeper's select takes it and reads every group. A CAS that
+// lands while the role is free after releaseLater makes that a release: signal nudges an idle
+// worker; and if that signal still saw the role held, its load came before releaseLater's store
+// that freed the role, so releaseLater's later reading of the clock (monotonic across cores) is
+// past target too, and it nudges rather than arm the watchdog. Paused between its CAS and its
+// signal, a producer leaves target awake with no token yet: a deadline noted meanwhile does not
+// signal, and waits for the keeper's own timer or the watchdog, both still armed, which is what
+// it waited for before producers looked (TestReview24OverdueGapCovered).
 func (w *Wheel) overdue(now int64) {
 	if t := w.target.Load(); t != awake && now >= t && w.target.CompareAndSwap(t, awake) {
 		w.signal()
@@ -193,6 +200,14 @@ func (w *Wheel) runTask(wk *worker, c *chunk) {
 func (w *Wheel) keep(wk *worker) {
 	for {
 		w.target.Store(awake)
+		// A token already in wake is spent: collect below reads every group, and whatever a
+		// signaller noted before its send is in a group before this receive. (A producer that
+		// found the timer's moment passed while this keeper was waking up, overdue, left one;
+		// it would otherwise cost a second round right after this one.)
+		select {
+		case <-w.wake:
+		default:
+		}
 		// Give idle chunks back (trim.go): the keeper is the trimmer's advancer. It looks at the
 		// slabs at most once a second, also while timers keep coming due.
 		// One reading for both: a trim may take a while, and a reading from before it is only
@@ -302,7 +317,7 @@ func (w *Wheel) release() {
 // by step 2's read of the groups; one noted after that signals (target holds the watchdog's
 // moment), and signal nudges while the role is free. Step 2 nudges and returns without a
 // watchdog: the nudge comes after the role is free, so the worker that takes the token tries for
-// the role after that. A wake token left in wake is the next keeper's: its select finds it. A
+// the role after that. A wake token left in wake is the next keeper's: its first look spends it. A
 // step that leaves more to do, or fires more than a few callbacks, hands the role over at once
 // (hurry).
 func (w *Wheel) releaseLater(wk *worker, now, next, first int64) {

@@ -317,3 +317,32 @@ func TestExpiryArmWakesOverdueKeeper(t *testing.T) {
 		require.Equal(t, before, sleeps.Load(), "an arm before the target woke the keeper")
 	})
 }
+
+// TestExpiryStaleWakeTokenSpent: a token left in wake while the keeper is awake (a producer found
+// its target passed just as its timer woke it, overdue) is spent by the keeper's next look,
+// which reads every group anyway: the keeper sleeps once after its advance, not once more at once.
+func TestExpiryStaleWakeTokenSpent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var sleeps, after atomic.Int32
+		var fired atomic.Bool
+		testHookSleep = func(*Wheel) {
+			sleeps.Add(1)
+			if fired.Load() {
+				after.Add(1)
+			}
+		}
+		testHookCollected = func(w *Wheel, _ []*shard) {
+			w.signal() // a token while the keeper is awake
+		}
+		defer func() { testHookSleep, testHookCollected = nil, nil }()
+		w, err := New(WithWorkers(1), WithShards(1))
+		require.NoError(t, err)
+		defer w.Stop()
+		_, err = w.AfterFunc(time.Second, func() { fired.Store(true) })
+		require.NoError(t, err)
+		time.Sleep(time.Second + time.Millisecond) // before the trimmer's next look, a second on
+		synctest.Wait()
+		require.True(t, fired.Load())
+		require.Equal(t, int32(1), after.Load(), "sleeps after the advance (all: %d)", sleeps.Load())
+	})
+}

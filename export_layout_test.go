@@ -22,3 +22,9 @@ func (w *Wheel) ShardOf(t Timer) int {
 	}
 	return -1
 }
+
+// TargetIdleAddrs returns the addresses of w's keeper target, which every arm reads, and of its
+// idle count, which every worker writes as it goes idle.
+func (w *Wheel) TargetIdleAddrs() (target, idle uintptr) {
+	return uintptr(unsafe.Pointer(&w.target)), uintptr(unsafe.Pointer(&w.idle))
+}

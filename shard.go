@@ -178,7 +178,9 @@ func (s *shard) kick() { s.noteDeadline(0) }
 //     awake too; if it goes on to releaseLater, that stores the watchdog's moment in target and
 //     then, with the role free, reads every g.next once more, so a producer that read awake in
 //     between, or read the watchdog's moment but saw the role still held, is seen there; one
-//     that saw the role free signals, and signal nudges an idle worker.
+//     that saw the role free signals, and signal nudges an idle worker. Target is also awake
+//     once a producer found it passed (Wheel.overdue): that producer has signalled, or is about
+//     to, and until it does the keeper's timer or the watchdog is still armed.
 //
 // The common case, a deadline no earlier than the shard's next, is the first load of lowerTo,
 // done here so that it inlines into every arm; lowerDeadline is the rest.

@@ -82,23 +82,22 @@ type Wheel struct {
 	// shutdown. Written and read only on the advancer's goroutine.
 	stopDeferred bool
 
-	// The system clock's expiry side (expiry.go).
+	// The system clock's expiry side (expiry.go). Every arm reads target on this line, and
+	// signal reads keeper: both are written a few times per keeper wake, and nothing written
+	// more often shares the line (idle, which every worker writes as it goes idle, is below).
 	groups []group     // immutable slice; see group
 	keeper atomic.Bool // held by the worker that keeps time (expiry.go)
 	// target is the instant (ns) the keeper sleeps until, read by producers to decide whether to
-	// signal: awake while a keeper is awake or the role is free after release; the watchdog's
-	// moment while the role is free after releaseLater (expiry.go). Stored only by the worker
-	// that holds the role or is letting go of it.
+	// signal (noteDeadline) and whether the keeper is overdue (overdue): awake while a keeper is
+	// awake, while the role is free after release, and once a producer found the moment passed
+	// (overdue moves it to awake with a CAS, then signals); the moment the keeper sleeps until
+	// while it sleeps, and the watchdog's moment while the role is free after releaseLater
+	// (expiry.go). Stored only by the worker that holds the role or is letting go of it.
 	target atomic.Int64
-	wake   chan struct{} // producers signal the keeper: an earlier deadline (cap 1)
+	wake   chan struct{} // producers signal the keeper: an earlier deadline, or overdue (cap 1)
 	// nudge wakes an idle worker to try for the free role (cap 1): sent by release, the watchdog,
 	// hurry, and signal while the role is free.
 	nudge chan struct{}
-	// idle counts the followers blocked waiting for queued work or the keeper role (work,
-	// expiry.go). It is an estimate, read to decide whether to offer work: a follower counts
-	// itself just before its select and uncounts just after, so a share offered to one paused
-	// in between waits in the queue until it (or any worker's next look at the queue) takes it.
-	idle atomic.Int32
 	// quit is closed by Stop (finishStop): workers run what is left in the queue and exit. It is
 	// closed only once nobody can put a chunk in the queue any more: on the system clock the
 	// workers are the only senders, and each looks at the queue after its own last send; with a
@@ -123,6 +122,13 @@ type Wheel struct {
 	// credit is WithMaxPending's reserve (pending.go): atomic, touched only when a shard's own
 	// stock runs dry or overflows, and by Stop.
 	credit atomic.Int64
+
+	// idle counts the followers blocked waiting for queued work or the keeper role (work,
+	// expiry.go). It is an estimate, read to decide whether to offer work: a follower counts
+	// itself just before its select and uncounts just after, so a share offered to one paused
+	// in between waits in the queue until it (or any worker's next look at the queue) takes it.
+	// Here, off target's line: every worker writes it at each idle spell.
+	idle atomic.Int32
 
 	// Wheels are allocated one by one: this keeps the fields above off the line of whatever the
 	// allocator puts next.

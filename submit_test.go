@@ -28,6 +28,17 @@ func TestShardAlignment(t *testing.T) {
 	}
 }
 
+// TestTargetOffIdleLine checks, at the real addresses, that the keeper's target, which every arm
+// reads (overdue), does not share a cache line with the idle count, which every worker writes at
+// each idle spell (shardwheel.go).
+func TestTargetOffIdleLine(t *testing.T) {
+	for range 8 {
+		w, _ := manualWheel(t)
+		target, idle := w.TargetIdleAddrs()
+		require.NotEqual(t, target/sw.CacheLineSize, idle/sw.CacheLineSize, "target at %#x, idle at %#x", target, idle)
+	}
+}
+
 // TestMaxPendingBound hammers a striped WithMaxPending from many goroutines on many shards, each
 // arming timers an hour out and stopping some of them, and a keeper of the tally that counts a
 // timer only while it is certainly pending (after AfterFuncArg returned, before Stop is called):
