@@ -172,9 +172,6 @@ func (sl *slab) grow() (i uint32, e *entry, full bool) {
 	}
 	sl.chunks.Store(&next)
 	sl.held.Add(chunkBytes)
-	if sl.onGrow != nil {
-		sl.onGrow()
-	}
 	base := uint32(n) << slabChunkBits
 	first := base
 	if first == 0 {
@@ -185,6 +182,12 @@ func (sl *slab) grow() (i uint32, e *entry, full bool) {
 	}
 	if first+1 < base+slabChunkLen {
 		sl.freeList(first+1, &c[slabChunkLen-1])
+	}
+	// After the push, which moves the free stack's tag: a trimmer look that clears the grow's
+	// note sees the new tag and watches the slab. Before it, a look that came in between found
+	// the tag of a full, trimmed slab and slept for trimIdleLook (TestTrimLookRightAfterGrow).
+	if sl.onGrow != nil {
+		sl.onGrow()
 	}
 	return first, &c[first&slabChunkMask], false
 }
