@@ -115,13 +115,11 @@ func (w *Wheel) nanos() int64 {
 	return int64(time.Since(w.base))
 }
 
-// deadline returns the instant (ns on the wheel's clock) at which a timer armed now with delay d
-// comes due: now+d, never early; a d <= 0 is due at once, and the next advance takes it. Any d up
-// to math.MaxInt64 is accepted; a deadline past the end of time (math.MaxInt64 ns after the wheel
-// started) saturates there, where a manual clock can reach it.
-func (w *Wheel) deadline(d time.Duration) int64 { return w.deadlineFrom(w.nanos(), d) }
-
-// deadlineFrom is deadline for a timer armed at the reading now.
+// deadlineFrom returns the instant (ns on the wheel's clock) at which a timer armed at the
+// reading now with delay d comes due: now+d, never early; a d <= 0 is due at once, and the next
+// advance takes it. Any d up to math.MaxInt64 is accepted; a deadline past the end of time
+// (math.MaxInt64 ns after the wheel started) saturates there, where a manual clock can reach
+// it. AfterFunc and Reset pass a reading of their own (nanos), which they also hand to overdue.
 func (w *Wheel) deadlineFrom(now int64, d time.Duration) int64 {
 	if d <= 0 {
 		return now

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -50,6 +51,70 @@ func (h *rwHarness) holdsPending(all bool) error {
 		}
 	}
 	return nil
+}
+
+// pickAny returns a pending entry chosen at random (by rng, over the ids in order, so that a
+// seed replays), or false if none is pending.
+func (h *rwHarness) pickAny(rng *rand.Rand) (int, bool) {
+	if len(h.when) == 0 {
+		return 0, false
+	}
+	ids := make([]int, 0, len(h.when))
+	for x := range h.when {
+		ids = append(ids, x)
+	}
+	slices.Sort(ids)
+	return ids[rng.IntN(len(ids))], true
+}
+
+// randomCmd applies one of the commands that the random models of a cascade in progress share,
+// of kind k in [0, 6): a short timer (due within 3 ticks of now) or a late insert (up to 3 ticks
+// before it), each with the next id; or, to the entry that pick chooses, a raise or a lower by
+// up to a distance drawn from dists (in ticks), an unlink, or a lower to now (a Reset to "now").
+func (h *rwHarness) randomCmd(rng *rand.Rand, k int, id *int, now, tick int64, dists []int64, pick func() (int, bool)) {
+	switch k {
+	case 0:
+		h.insert(*id, now+rng.Int64N(3*tick))
+		*id++
+		return
+	case 1:
+		h.insert(*id, max(0, now-rng.Int64N(3*tick)))
+		*id++
+		return
+	}
+	x, ok := pick()
+	if !ok {
+		return
+	}
+	switch k {
+	case 2:
+		h.raise(x, h.when[x]+rng.Int64N(dists[rng.IntN(len(dists))]*tick))
+	case 3:
+		h.lower(x, max(0, h.when[x]-rng.Int64N(dists[rng.IntN(len(dists))]*tick)))
+	case 4:
+		h.unlink(x)
+	case 5:
+		h.lower(x, min(h.when[x], now))
+	}
+}
+
+// spent checks what fired since its last call (h.Fired): nothing twice (fired remembers every
+// firing) and, for each, each (nil: no more check); then it empties Fired and checks that the
+// wheel holds every pending entry (holdsPending, with all).
+func (h *rwHarness) spent(fired map[int]bool, all bool, each func(f Firing) error) error {
+	for _, f := range h.Fired {
+		if fired[f.ID] {
+			return fmt.Errorf("entry %d fired twice", f.ID)
+		}
+		fired[f.ID] = true
+		if each != nil {
+			if err := each(f); err != nil {
+				return err
+			}
+		}
+	}
+	h.Fired = h.Fired[:0]
+	return h.holdsPending(all)
 }
 
 // advance is one budgeted step; it fails the test's goroutine on an early firing.

@@ -190,7 +190,8 @@ func (w *Wheel) runTask(wk *worker, c *chunk) {
 // queue, or once Stop has closed quit.
 //
 // The sleep (numbered for noteDeadline's argument, shard.go):
-//  1. target is awake: producers do not signal.
+//  1. target is awake: producers do not signal. A token already in wake is spent: step 2 reads
+//     every group, and a signaller's note is in its group before its send.
 //  2. collect claims what is due now; if anything is, release (or releaseLater) and advance it,
 //     then take the role back (CAS) and go round, unless another worker holds it.
 //  3. store target = the earliest group.next, then read every group.next once more: a producer
@@ -200,10 +201,8 @@ func (w *Wheel) runTask(wk *worker, c *chunk) {
 func (w *Wheel) keep(wk *worker) {
 	for {
 		w.target.Store(awake)
-		// A token already in wake is spent: collect below reads every group, and whatever a
-		// signaller noted before its send is in a group before this receive. (A producer that
-		// found the timer's moment passed while this keeper was waking up, overdue, left one;
-		// it would otherwise cost a second round right after this one.)
+		// Step 1's spent token (a producer that found the timer's moment passed while this
+		// keeper was waking up, overdue, leaves one; it would cost a second round at once).
 		select {
 		case <-w.wake:
 		default:

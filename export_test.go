@@ -10,6 +10,9 @@ import (
 
 // Internals for the black-box tests in package shardwheel_test.
 
+// deadline is deadlineFrom at a fresh reading: the deadline of a timer armed now (internal tests).
+func (w *Wheel) deadline(d time.Duration) int64 { return w.deadlineFrom(w.nanos(), d) }
+
 const (
 	SlotBits  = slotBits
 	NumSlots  = numSlots

@@ -92,7 +92,7 @@ type slab struct {
 	// growMu. held is chunkBytes times the live chunks: written under growMu, read by Stats.
 	genFloor uint64
 	held     atomic.Int64
-	onGrow   func() // called after each grow, so that the trimmer looks again (trim.go); immutable
+	onGrow   func() // called as each grow ends, its entries pushed: the trimmer looks again (trim.go); immutable
 }
 
 // at returns the entry with index i (i != 0, handed out by alloc). Any goroutine may call it.

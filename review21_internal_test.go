@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"testing"
 	"time"
 
@@ -52,17 +51,7 @@ func TestReview21BareSystemBigJumps(t *testing.T) {
 				j := []int64{0, 1, 3, 64, 4096, 1 << 18, 1 << 37}[rng.IntN(7)] * tc.tick
 				return rng.Int64N(j + 1)
 			}
-			pick := func() (int, bool) {
-				if len(h.when) == 0 {
-					return 0, false
-				}
-				ids := make([]int, 0, len(h.when))
-				for x := range h.when {
-					ids = append(ids, x)
-				}
-				slices.Sort(ids)
-				return ids[rng.IntN(len(ids))], true
-			}
+			pick := func() (int, bool) { return h.pickAny(rng) }
 			cmds := func(n int) {
 				for k := rng.IntN(n); k > 0; k-- {
 					switch rng.IntN(8) {
@@ -102,17 +91,13 @@ func TestReview21BareSystemBigJumps(t *testing.T) {
 				if err := strongBare(&h.w); err != nil {
 					t.Fatalf("tick %d round %d %s: %v", tc.tick, round, where, err)
 				}
-				for _, f := range h.Fired {
-					if fired[f.ID] {
-						t.Fatalf("tick %d round %d %s: entry %d fired twice", tc.tick, round, where, f.ID)
-					}
-					fired[f.ID] = true
+				err := h.spent(fired, true, func(f Firing) error {
 					if f.When/tc.tick > f.At {
 						ahead++
 					}
-				}
-				h.Fired = h.Fired[:0]
-				if err := h.holdsPending(true); err != nil {
+					return nil
+				})
+				if err != nil {
 					t.Fatalf("tick %d round %d %s: %v", tc.tick, round, where, err)
 				}
 			}

@@ -70,20 +70,12 @@ func TestReview22CascRandom(t *testing.T) {
 						cascHit++
 						return ids[rng.IntN(len(ids))], true
 					}
-					ids = ids[:0]
-					for x := range h.when {
-						ids = append(ids, x)
-					}
-					if len(ids) == 0 {
-						return 0, false
-					}
-					slices.Sort(ids)
-					return ids[rng.IntN(len(ids))], true
+					return h.pickAny(rng)
 				}
 				spans := []int64{64, 300, 5000, 300000}
 				cmds := func(n int) {
 					for k := rng.IntN(n); k > 0; k-- {
-						switch rng.IntN(9) {
+						switch c := rng.IntN(9); c {
 						case 0, 1, 2:
 							// A burst into one bucket a level or more up.
 							base := now + spans[rng.IntN(len(spans))]*tc.tick
@@ -91,28 +83,8 @@ func TestReview22CascRandom(t *testing.T) {
 								h.insert(id, base+rng.Int64N(70*tc.tick))
 								id++
 							}
-						case 3:
-							h.insert(id, now+rng.Int64N(3*tc.tick)) // a short timer
-							id++
-						case 4:
-							h.insert(id, max(0, now-rng.Int64N(3*tc.tick)))
-							id++
-						case 5:
-							if x, ok := pick(); ok {
-								h.raise(x, h.when[x]+rng.Int64N(spans[rng.IntN(len(spans))]*tc.tick))
-							}
-						case 6:
-							if x, ok := pick(); ok {
-								h.lower(x, max(0, h.when[x]-rng.Int64N(spans[rng.IntN(len(spans))]*tc.tick)))
-							}
-						case 7:
-							if x, ok := pick(); ok {
-								h.unlink(x)
-							}
-						case 8:
-							if x, ok := pick(); ok {
-								h.lower(x, min(h.when[x], now))
-							}
+						default: // 3 to 8
+							h.randomCmd(rng, c-3, &id, now, tc.tick, spans, pick)
 						}
 					}
 				}
@@ -125,36 +97,29 @@ func TestReview22CascRandom(t *testing.T) {
 						cascSeen++
 					}
 					if full || rng.IntN(8) == 0 {
-						if err := h.w.verify(); err != nil {
-							fail(err)
-						}
-						if err := strongBare(&h.w); err != nil {
-							fail(err)
-						}
-						if err := cascBare(&h.w); err != nil {
-							fail(err)
+						for _, chk := range []func(*wheel) error{(*wheel).verify, strongBare, cascBare} {
+							if err := chk(&h.w); err != nil {
+								fail(err)
+							}
 						}
 					}
-					for _, f := range h.Fired {
-						if fired[f.ID] {
-							fail(fmt.Errorf("entry %d fired twice", f.ID))
-						}
-						fired[f.ID] = true
-						if manualOrder != nil {
+					var order func(f Firing) error
+					if manualOrder != nil {
+						order = func(f Firing) error {
 							// Deadline order by tick; a deadline behind elapsed at the start of
 							// the advance (a late insert) counts as that tick.
 							tk := max(f.When/tc.tick, startElapsed)
 							if tk < *manualOrder {
-								fail(fmt.Errorf("entry %d due %d (tick %d) fired after an entry of tick %d (manual)", f.ID, f.When, tk, *manualOrder))
+								return fmt.Errorf("entry %d due %d (tick %d) fired after an entry of tick %d (manual)", f.ID, f.When, tk, *manualOrder)
 							}
 							if f.When/tc.tick > f.At {
-								fail(fmt.Errorf("entry %d due %d fired ahead at elapsed %d (manual)", f.ID, f.When, f.At))
+								return fmt.Errorf("entry %d due %d fired ahead at elapsed %d (manual)", f.ID, f.When, f.At)
 							}
 							*manualOrder = tk
+							return nil
 						}
 					}
-					h.Fired = h.Fired[:0]
-					if err := h.holdsPending(full); err != nil {
+					if err := h.spent(fired, full, order); err != nil {
 						fail(err)
 					}
 				}
@@ -275,6 +240,41 @@ func cascShard(t *testing.T, n, budget int) (w *Wheel, s *shard, drive func(now 
 	return
 }
 
+// requireRanOnce checks the end of a cascShard test: of its n timers, the stopped ones never ran
+// and every other ran once, at or after its deadline in due (by the readings in ran); the
+// wheel's counters balance with nothing pending.
+func requireRanOnce(t *testing.T, w *Wheel, n int, ran map[int][]int64, due map[int]int64, stopped []int) {
+	t.Helper()
+	for k := range n {
+		if slices.Contains(stopped, k) {
+			require.Empty(t, ran[k], "timer %d was stopped", k)
+			continue
+		}
+		require.Len(t, ran[k], 1, "timer %d", k)
+		require.GreaterOrEqual(t, ran[k][0], due[k], "timer %d ran early", k)
+	}
+	requireBalancedSoon(t, w, 0)
+}
+
+// resetAt resets timer k of a cascShard test to fire at the instant at (ns on w's clock, or the
+// first after it that a Reset from now can reach) and records its new deadline in due.
+func resetAt(t *testing.T, w *Wheel, tms []Timer, due map[int]int64, k int, at int64) {
+	t.Helper()
+	require.True(t, tms[k].Reset(time.Duration(at-w.nanos())), "timer %d", k)
+	due[k] = tms[k].s.slab.at(tms[k].i).when.Load()
+}
+
+// driveChecked drives a cascShard test's shard to the reading now in steps of budget, running
+// each step's callbacks and checking the shard (strongVerify) after each, and runs the last's.
+func driveChecked(t *testing.T, s *shard, drive func(now int64, budget int) bool, run func() int, now int64, budget int) {
+	t.Helper()
+	for !drive(now, budget) {
+		run()
+		require.NoError(t, strongVerify(s))
+	}
+	run()
+}
+
 // inCasc reports whether tm's entry is linked in casc.
 func inCasc(tm Timer) bool {
 	s := tm.s
@@ -333,18 +333,12 @@ func TestReview22CascStopResetOnShard(t *testing.T) {
 		due[k] = s.slab.at(tm.i).when.Load()
 	}
 	// Earlier: back before the reading reached (due at once); later: a minute on.
-	require.True(t, tms[earlier].Reset(time.Duration(*cur-w.nanos()-int64(time.Second))))
-	due[earlier] = s.slab.at(tms[earlier].i).when.Load()
+	resetAt(t, w, tms, due, earlier, *cur-int64(time.Second))
 	require.Less(t, due[earlier], *cur)
-	require.True(t, tms[later].Reset(time.Duration(due[later]-w.nanos())+time.Minute))
-	due[later] = s.slab.at(tms[later].i).when.Load()
+	resetAt(t, w, tms, due, later, due[later]+int64(time.Minute))
 	finish := holdReset(t, tms[held], time.Duration(due[held]-w.nanos())+30*time.Second)
 	// The next steps drain the cancels and the earlier Reset's command, and take casc.
-	for !drive(*cur, 10) {
-		run()
-		require.NoError(t, strongVerify(s))
-	}
-	run()
+	driveChecked(t, s, drive, run, *cur, 10)
 	require.Len(t, ran[earlier], 1, "the earlier Reset's timer, due already, ran")
 	require.True(t, isParked(w, tms[held]), "casc met the held timer: parked")
 	require.True(t, s.tw.casc.empty())
@@ -357,21 +351,9 @@ func TestReview22CascStopResetOnShard(t *testing.T) {
 	}
 	for *cur < last+int64(time.Millisecond) {
 		*cur += 3 * int64(time.Millisecond)
-		for !drive(*cur, 10) {
-			run()
-			require.NoError(t, strongVerify(s))
-		}
-		run()
+		driveChecked(t, s, drive, run, *cur, 10)
 	}
-	for k := range tms {
-		if slices.Contains(stopped, k) {
-			require.Empty(t, ran[k], "timer %d was stopped", k)
-			continue
-		}
-		require.Len(t, ran[k], 1, "timer %d", k)
-		require.GreaterOrEqual(t, ran[k][0], due[k], "timer %d ran early", k)
-	}
-	requireBalancedSoon(t, w, 0)
+	requireRanOnce(t, w, len(tms), ran, due, stopped)
 }
 
 // TestReview22WheelStopDropsCasc: Wheel.Stop while a cascade is in progress drops (and counts)

@@ -112,15 +112,7 @@ func TestReview23PutBackRandom(t *testing.T) {
 				if c := h.ids(&h.w.casc); len(c) > 0 && rng.IntN(2) == 0 {
 					return c[rng.IntN(len(c))], true
 				}
-				all := make([]int, 0, len(h.when))
-				for x := range h.when {
-					all = append(all, x)
-				}
-				if len(all) == 0 {
-					return 0, false
-				}
-				slices.Sort(all)
-				return all[rng.IntN(len(all))], true
+				return h.pickAny(rng)
 			}
 			cmds := func(n int, bursts bool) {
 				for k := rng.IntN(n); k > 0; k-- {
@@ -147,28 +139,12 @@ func TestReview23PutBackRandom(t *testing.T) {
 							h.insert(id, base+rng.Int64N(70*tc.tick))
 							id++
 						}
-					case 3:
-						h.insert(id, now+rng.Int64N(3*tc.tick)) // a short timer
-						id++
-					case 4:
-						h.insert(id, max(0, now-rng.Int64N(3*tc.tick)))
-						id++
-					case 5:
-						if x, ok := pick(); ok {
-							h.raise(x, h.when[x]+rng.Int64N([]int64{3, 70, 5000}[rng.IntN(3)]*tc.tick))
-						}
-					case 6:
-						if x, ok := pick(); ok {
-							h.lower(x, max(0, h.when[x]-rng.Int64N([]int64{3, 70, 5000}[rng.IntN(3)]*tc.tick)))
-						}
-					case 7, 8:
-						if x, ok := pick(); ok {
-							h.unlink(x)
-						}
+					case 8:
+						h.randomCmd(rng, 4, &id, now, tc.tick, nil, pick) // an unlink, twice as likely
 					case 9:
-						if x, ok := pick(); ok {
-							h.lower(x, min(h.when[x], now))
-						}
+						h.randomCmd(rng, 5, &id, now, tc.tick, nil, pick)
+					default: // 3 to 7
+						h.randomCmd(rng, c-3, &id, now, tc.tick, []int64{3, 70, 5000}, pick)
 					}
 				}
 			}
@@ -187,14 +163,7 @@ func TestReview23PutBackRandom(t *testing.T) {
 						}
 					}
 				}
-				for _, f := range h.Fired {
-					if fired[f.ID] {
-						fail(fmt.Errorf("entry %d fired twice", f.ID))
-					}
-					fired[f.ID] = true
-				}
-				h.Fired = h.Fired[:0]
-				if err := h.holdsPending(full); err != nil {
+				if err := h.spent(fired, full, nil); err != nil {
 					fail(err)
 				}
 			}
@@ -379,20 +348,13 @@ func TestReview23PutBackStopResetOnShard(t *testing.T) {
 		require.True(t, tms[k].Stop())
 	}
 	earlier, laterIn, laterFar, held := others[1], others[2], others[3], others[4]
-	require.True(t, tms[earlier].Reset(time.Duration(*cur-w.nanos()-int64(time.Millisecond))))
-	due[earlier] = s.slab.at(tms[earlier].i).when.Load()
+	resetAt(t, w, tms, due, earlier, *cur-int64(time.Millisecond))
 	require.Less(t, due[earlier], *cur)
-	require.True(t, tms[laterIn].Reset(time.Duration(due[laterIn]-w.nanos())+700*time.Millisecond))
-	due[laterIn] = s.slab.at(tms[laterIn].i).when.Load()
-	require.True(t, tms[laterFar].Reset(time.Duration(due[laterFar]-w.nanos())+time.Minute))
-	due[laterFar] = s.slab.at(tms[laterFar].i).when.Load()
+	resetAt(t, w, tms, due, laterIn, due[laterIn]+int64(700*time.Millisecond))
+	resetAt(t, w, tms, due, laterFar, due[laterFar]+int64(time.Minute))
 	finish := holdReset(t, tms[held], time.Duration(due[held]-w.nanos())+20*time.Millisecond)
 	// At the same reading: the put-back bucket and casc go on in steps.
-	for !drive(*cur, 40) {
-		run()
-		require.NoError(t, strongVerify(s))
-	}
-	run()
+	driveChecked(t, s, drive, run, *cur, 40)
 	require.Len(t, ran[earlier], 1, "the earlier Reset's timer, due already, ran")
 	require.True(t, isParked(w, tms[held]), "the put-back bucket's take met the held timer: parked")
 	finish()
@@ -412,13 +374,5 @@ func TestReview23PutBackStopResetOnShard(t *testing.T) {
 		run()
 	}
 	require.NoError(t, strongVerify(s))
-	for k := range tms {
-		if slices.Contains(stopped, k) {
-			require.Empty(t, ran[k], "timer %d was stopped", k)
-			continue
-		}
-		require.Len(t, ran[k], 1, "timer %d", k)
-		require.GreaterOrEqual(t, ran[k][0], due[k], "timer %d ran early", k)
-	}
-	requireBalancedSoon(t, w, 0)
+	requireRanOnce(t, w, len(tms), ran, due, stopped)
 }

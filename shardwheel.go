@@ -92,7 +92,8 @@ type Wheel struct {
 	// awake, while the role is free after release, and once a producer found the moment passed
 	// (overdue moves it to awake with a CAS, then signals); the moment the keeper sleeps until
 	// while it sleeps, and the watchdog's moment while the role is free after releaseLater
-	// (expiry.go). Stored only by the worker that holds the role or is letting go of it.
+	// (expiry.go). Stored only by the worker that holds the role or is letting go of it; any
+	// other goroutine only CASes a passed moment to awake (overdue), and then signals.
 	target atomic.Int64
 	wake   chan struct{} // producers signal the keeper: an earlier deadline, or overdue (cap 1)
 	// nudge wakes an idle worker to try for the free role (cap 1): sent by release, the watchdog,
