@@ -81,7 +81,15 @@ func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatc
 	if when := e.when.Load(); e.state.Load()&versionMask != ev.version || ev.when != 0 && when != ev.when {
 		ev.due = when // 1. a Reset moved this run
 	}
+	// The run ends the same way whether f returns or calls runtime.Goexit (runFrom).
+	defer w.endRun(r, ev, fb)
 	w.call(callFunc, ev.f)
+}
+
+// endRun ends a run of an Every after its f, on the goroutine that ran it: it re-arms the entry
+// for the next run (runPeriodic's 2.), or frees it into fb if a Stop came during the run.
+func (w *Wheel) endRun(r ref, ev *every, fb *freeBatch) {
+	e, s := r.e, r.s
 	if w.manual != nil && w.manual.elapsed.Load() == math.MaxInt64 {
 		// A manual clock at the end of time cannot move again, and every deadline is due there:
 		// re-arming would run the series forever inside one Advance. The series ends here and

@@ -130,10 +130,26 @@ func (w *Wheel) overdue(now int64) {
 // it sleeps until work is queued or the keeper lets go of the role. Once Stop has closed quit it
 // runs what is left in the queue and exits: every chunk a worker queues is queued before that
 // worker's own last look at the queue, so nothing handed to the pool is left behind.
+//
+// A callback that calls runtime.Goexit ends the goroutine, not the worker: by the time the
+// deferred call below runs, the callbacks fired with it have run (runFrom), and the goroutine
+// held no claim and not the keeper role; it starts worker i again on a new goroutine, which
+// takes over wk. So the number of workers stays fixed, and done[i] is closed once, by the last.
 func (w *Wheel) work(i int) {
-	defer close(w.pool.done[i])
-	w.pool.gids[i].Store(goid())
 	wk := &w.pool.ws[i]
+	exited := true // until the loop returns: unwinding with it still set is runtime.Goexit
+	defer func() {
+		if exited {
+			clear(wk.batch)
+			wk.batch = wk.batch[:0]
+			clear(wk.due)
+			wk.due = wk.due[:0]
+			go w.work(i)
+			return
+		}
+		close(w.pool.done[i])
+	}()
+	w.pool.gids[i].Store(goid())
 	for {
 		select {
 		case c := <-w.pool.queue: // a nil queue (WithWorkers(0)) is never ready
@@ -149,6 +165,7 @@ func (w *Wheel) work(i int) {
 					continue
 				default:
 				}
+				exited = false
 				return
 			}
 		}

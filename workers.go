@@ -182,11 +182,29 @@ func (w *Wheel) runRefs(refs []ref, wk *worker) {
 		return
 	}
 	var fb freeBatch
-	now := w.nanos()
-	for _, r := range refs {
-		w.runEntry(r, wk, now, &fb)
-	}
+	w.runFrom(refs, wk, w.nanos(), &fb)
 	fb.flush()
+}
+
+// runFrom runs refs in order, freeing into fb. A callback that calls runtime.Goexit (t.FailNow
+// in a test, say) ends this goroutine, as it would end a time.AfterFunc callback's own, but it
+// cannot take the callbacks fired with it along: the deferred call runs the rest of refs as the
+// goroutine unwinds (each further Goexit among them unwinds through another runFrom), then
+// returns fb's entries, which the caller's flush will not. A panic never gets here: call
+// recovers it. What else the goroutine held is made safe further up: a worker is replaced (work),
+// an Advance lets go of the clock (advanceManual), an Every's run re-arms (runPeriodic), and a
+// shard or the keeper role are never held while callbacks run (claimRunning, keep).
+func (w *Wheel) runFrom(refs []ref, wk *worker, now int64, fb *freeBatch) {
+	i := 0
+	defer func() {
+		if i < len(refs) { // refs[i]'s callback called runtime.Goexit
+			w.runFrom(refs[i+1:], wk, now, fb)
+			fb.flush()
+		}
+	}()
+	for ; i < len(refs); i++ {
+		w.runEntry(refs[i], wk, now, fb)
+	}
 }
 
 // lateness returns how late a callback starting at reading now is, as Stats.Lateness counts it:
