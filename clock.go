@@ -19,7 +19,8 @@ const never = math.MaxInt64
 const awake = math.MinInt64
 
 // A Clock is the time source of a Wheel. Its method set is the package's own: the system's
-// monotonic clock (the default) and *ManualClock are the implementations.
+// monotonic clock (the default) and *ManualClock are the implementations, and WithClock accepts
+// only those (a type that embeds a *ManualClock has the method set too, and is refused).
 type Clock interface {
 	// Now returns the current time.
 	Now() time.Time
@@ -110,7 +111,14 @@ func (c *ManualClock) detach(w *Wheel) {
 // monotonic clock themselves.
 func (w *Wheel) nanos() int64 {
 	if w.manual != nil {
-		return w.manual.elapsed.Load() - w.manualBase
+		e := w.manual.elapsed.Load()
+		if e == math.MaxInt64 {
+			// The clock's end of time is every wheel's, also of one made after the clock had
+			// moved (manualBase > 0): there every deadline, which saturates at math.MaxInt64,
+			// is due (Advance's doc).
+			return math.MaxInt64
+		}
+		return e - w.manualBase
 	}
 	return int64(time.Since(w.base))
 }

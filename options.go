@@ -201,8 +201,17 @@ func WithClock(c Clock) Option {
 		if c == nil {
 			return optionError("WithClock", "nil", "clock must not be nil")
 		}
-		if m, ok := c.(*ManualClock); ok && m == nil {
-			return optionError("WithClock", "(*ManualClock)(nil)", "clock must not be nil")
+		switch m := c.(type) {
+		case *ManualClock:
+			if m == nil {
+				return optionError("WithClock", "(*ManualClock)(nil)", "clock must not be nil")
+			}
+		case systemClock:
+		default:
+			// A type that embeds a *ManualClock (or a systemClock) has the method set too, but
+			// the wheel keeps time by the clock's dynamic type (New): it would read the system
+			// clock while its contexts read this one.
+			return optionError("WithClock", fmt.Sprintf("%T", c), "clock must be a *ManualClock or the default clock, not a type that embeds one")
 		}
 		o.clock = c
 		return nil
