@@ -170,9 +170,8 @@ func (w *Wheel) advanceManual() {
 	// A callback that calls runtime.Goexit on this goroutine (WithWorkers(0), or a chunk that
 	// CallerRuns runs here) ends it inside advance, after the rest of its batch ran (runFrom).
 	// The deferred call lets go of what the advance held, so that the next Advance and Stop do
-	// not wait for it, and empties w.batch, whose entries ran and must not be dispatched again;
-	// a Stop that one of the callbacks deferred (stopDeferred) is finished first, as below. What
-	// is still due fires at the next Advance.
+	// not wait for it, and empties w.batch, whose entries ran and must not be dispatched again.
+	// What is still due fires at the next Advance.
 	held := true // advMu is held
 	defer func() {
 		if !held {
@@ -181,9 +180,6 @@ func (w *Wheel) advanceManual() {
 		clear(w.batch)
 		w.batch = w.batch[:0]
 		w.advancer.Store(0)
-		if w.stopDeferred {
-			w.finishStop(self)
-		}
 		w.advMu.Unlock()
 	}()
 	onWorker := w.isWorker(self)
@@ -194,9 +190,6 @@ func (w *Wheel) advanceManual() {
 			w.advance(onWorker)
 			w.trimIdle(w.nanos()) // issue 11: give idle chunks back (trim.go)
 			w.advancer.Store(0)
-			if w.stopDeferred {
-				w.finishStop(self)
-			}
 		}
 		if w.rerun.Load() && !w.closed.Load() {
 			continue

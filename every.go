@@ -74,28 +74,42 @@ func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 // first such instant strictly after that reading (those at or before it are skipped, as
 // time.Ticker drops the ticks a slow receiver missed). All arithmetic saturates at the end of
 // time (math.MaxInt64 ns).
-func (w *Wheel) runPeriodic(r ref, ev *every, fired *paddedCounter, fb *freeBatch) {
+//
+// Wheel.Stop. A run that starts once Stop has begun (it fired before, and runs as fired callbacks
+// do) has no next run: the entry is dropped before f, uncounted, so that what Stop returns is
+// exact; unless a Timer.Stop got to it first, which counted the next run as stopped, and then it
+// is counted as scheduled. A run in progress when Stop begins counts its next run in Stop's
+// return: on another goroutine, which Stop waits for, its re-arm finds the ring closed; on
+// Stop's own (Stop from f), Stop drops it (dropOwnRuns, which finds the entry in wk.run).
+func (w *Wheel) runPeriodic(r ref, ev *every, wk *worker, fb *freeBatch) {
 	e, s := r.e, r.s
-	fired.n.Inc()
-	s.scheduled.Inc()
+	wk.fired.n.Inc()
+	if !w.closed.Load() || !dropFrom(e, stRunning) {
+		s.scheduled.Inc()
+	}
 	if when := e.when.Load(); e.state.Load()&versionMask != ev.version || ev.when != 0 && when != ev.when {
 		ev.due = when // 1. a Reset moved this run
 	}
+	wk.run = e
 	// The run ends the same way whether f returns or calls runtime.Goexit (runFrom).
-	defer w.endRun(r, ev, fb)
+	defer w.endRun(r, ev, wk, fb)
 	w.call(callFunc, ev.f)
 }
 
 // endRun ends a run of an Every after its f, on the goroutine that ran it: it re-arms the entry
-// for the next run (runPeriodic's 2.), or frees it into fb if a Stop came during the run.
-func (w *Wheel) endRun(r ref, ev *every, fb *freeBatch) {
+// for the next run (runPeriodic's 2.), or frees it into fb if a Stop (the Timer's or the
+// wheel's) came before or during the run.
+func (w *Wheel) endRun(r ref, ev *every, wk *worker, fb *freeBatch) {
 	e, s := r.e, r.s
+	wk.run = nil
 	if w.manual != nil && w.manual.elapsed.Load() == math.MaxInt64 {
 		// A manual clock at the end of time cannot move again, and every deadline is due there:
-		// re-arming would run the series forever inside one Advance. The series ends here and
-		// its next run counts as dropped, as if Wheel.Stop had ended it.
-		if dropFrom(e, stRunning) { // else a Stop during this run got it first and counted it
-			w.noteDropped(1)
+		// re-arming would run the series forever inside one Advance. The series ends here, and
+		// its next run, counted as scheduled when this run began, is taken back: it will never
+		// be, and it was not pending at any Stop. Unless a Stop (the Timer's, or the wheel's)
+		// got to the entry first and counted it.
+		if dropFrom(e, stRunning) {
+			s.scheduled.Dec()
 		}
 		fb.add(&s.slab, r.i, e)
 		return
@@ -106,7 +120,7 @@ func (w *Wheel) endRun(r ref, ev *every, fb *freeBatch) {
 	var gen uint64
 	for {
 		st := e.state.Load()
-		if isState(st, stStopped) {
+		if isState(st, stStopped) || isState(st, stDropped) {
 			fb.add(&s.slab, r.i, e)
 			return
 		}

@@ -157,10 +157,12 @@ func TestFaultGoexitAfterStopInAdvance(t *testing.T) {
 			}
 			var advancer, stopped atomic.Int64
 			stopped.Store(-1)
+			stopping := make(chan struct{})
 			_, err = w.AfterFunc(time.Millisecond, func() {
 				if fltGoid() != advancer.Load() {
 					return // not on the Advance caller: not the case under test (stopped stays -1)
 				}
+				close(stopping)
 				stopped.Store(int64(w.Stop()))
 				runtime.Goexit()
 			})
@@ -176,9 +178,14 @@ func TestFaultGoexitAfterStopInAdvance(t *testing.T) {
 				clock.Advance(time.Millisecond)
 			}()
 			// The Stop waits for the worker, which waits for release.
+			select {
+			case <-stopping:
+			case <-time.After(fltPatience):
+				t.Fatal("the callback never ran on the Advance caller")
+			}
+			close(release)
 			require.Eventually(t, func() bool { return stopped.Load() >= 0 }, fltPatience, time.Millisecond)
 			require.Equal(t, int64(5), stopped.Load(), "the callback's Stop drops the five pending an hour out")
-			close(release)
 			select {
 			case <-ended:
 			case <-time.After(fltPatience):

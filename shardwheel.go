@@ -78,9 +78,6 @@ type Wheel struct {
 	// trimDirty: a slab grew since the trimmer's last look (noteGrow). Set by producers, cleared
 	// by the advancer at a look.
 	trimDirty atomic.Bool
-	// stopDeferred: Stop ran inside a callback on the manual advancer, which must finish the
-	// shutdown. Written and read only on the advancer's goroutine.
-	stopDeferred bool
 
 	// The system clock's expiry side (expiry.go). Every arm reads target on this line, and
 	// signal reads keeper: both are written a few times per keeper wake, and nothing written
@@ -352,8 +349,8 @@ func (w *Wheel) stop() int {
 
 	// 1. With a manual clock, wait for a running Advance (unless Stop is called from a callback
 	// that it runs, WithWorkers(0) or CallerRuns: the advance is up this goroutine's stack in
-	// the middle of a batch; it stops after that batch (advance checks closed) and then
-	// finishes the shutdown, finishStop, since the queue must stay open until then). On the
+	// the middle of a batch; it runs the rest of that batch itself, queueing nothing once
+	// closing is closed (dispatch), and stops after it, since advance checks closed). On the
 	// system clock, workers that advance a shard see closed before their next step.
 	if w.manual != nil {
 		w.manual.detach(w)
@@ -372,15 +369,40 @@ func (w *Wheel) stop() int {
 		n += s.dropLocked()
 		s.mu.Unlock()
 	}
+	// 3. An Every whose run is in progress on this goroutine (Stop from its f) would find the
+	// ring closed only after this Stop returned: its next run is dropped here.
+	n += w.dropOwnRuns(self)
 	w.noteDropped(int64(n))
 
-	if onAdvancer {
-		w.stopDeferred = true // read by the advancer, which is this goroutine
-		return n
-	}
+	// 4. Every other callback runs to its end, and every worker exits.
 	w.finishStop(self)
-	// An Every whose run was in progress found its ring closed and counted itself in dropped.
+	// An Every whose run was in progress on another goroutine found its ring closed and counted
+	// itself in dropped before its worker exited; one whose run starts from now on has no next
+	// run to count (runPeriodic). Nothing else counts in dropped.
 	return int(w.dropped.Value())
+}
+
+// dropOwnRuns drops the next run of each Every whose run is in progress on the goroutine self,
+// in the worker slot it runs callbacks in (a worker's own, and the shared one if it is the
+// manual advancer), and returns how many it dropped. Slot.run is written only by the goroutine
+// that runs the slot's callbacks, which is self, so reading it here needs no synchronisation. A
+// Timer.Stop of the series that came first counted itself (dropFrom finds it stopped).
+func (w *Wheel) dropOwnRuns(self int64) int {
+	n := 0
+	drop := func(wk *worker) {
+		if e := wk.run; e != nil && dropFrom(e, stRunning) {
+			n++
+		}
+	}
+	for i := range w.pool.gids {
+		if w.pool.gids[i].Load() == self {
+			drop(&w.pool.ws[i])
+		}
+	}
+	if w.manual != nil && w.advancer.Load() == self {
+		drop(w.pool.other())
+	}
+	return n
 }
 
 // finishStop tells the workers to finish what was handed to them and waits for them to exit

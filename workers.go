@@ -39,8 +39,12 @@ type worker struct {
 	taken  atomic.Uint64   // callbacks this goroutine took from the queue
 	late   atomicHistogram // how late each callback started; written by the worker, read by Stats
 
-	due   []*shard    // the shards the keeper claimed; owned by the worker
-	batch []ref       // what the current advance step fired; owned by the worker
+	due   []*shard // the shards the keeper claimed; owned by the worker
+	batch []ref    // what the current advance step fired; owned by the worker
+	// run is the entry of the Every whose run is in progress in this slot (runPeriodic to
+	// endRun), for a Stop called from its f (dropOwnRuns). Written and read only by the
+	// goroutine that runs the slot's callbacks: the worker, or the manual advancer for the last.
+	run   *entry
 	timer *time.Timer // the keeper's sleep, made on first use; owned by the worker
 	// watch is the watchdog releaseLater arms (expiry.go), made on first use; whether it is
 	// armed is what its Stop reports (unwatch). Owned by the worker: each worker arms and stops
@@ -138,11 +142,17 @@ func (w *Wheel) dispatch(batch []ref, onWorker bool) {
 	// Block waits for room, unless this advance runs on a worker (onWorker: Advance from a
 	// callback, which may be the only one there to make room), and until Stop begins (the Stop
 	// may run in a worker's callback and wait for advMu, which this advance holds). Otherwise,
-	// and with CallerRuns, a chunk the queue has no room for runs here.
+	// and with CallerRuns, a chunk the queue has no room for runs here. Once Stop has begun,
+	// every chunk runs here: the Stop may be one of this batch's own callbacks, run here, which
+	// returned only once the workers had exited (finishStop).
 	wait := w.opts.policy == Block && !onWorker
 	per := max(1, min(w.pool.chunkCap, len(batch)/len(w.pool.done)))
 	for i := 0; i < len(batch); i += per {
 		c := newChunk(batch[i:min(i+per, len(batch))])
+		if isClosed(w.closing) {
+			w.runChunk(c, other)
+			continue
+		}
 		if !wait {
 			if !w.offer(other, c) {
 				w.runChunk(c, other)
@@ -232,7 +242,7 @@ func (w *Wheel) runEntry(r ref, wk *worker, now int64, fb *freeBatch) {
 		case periodic:
 			if e.state.CompareAndSwap(s, withState(s, stRunning)) {
 				wk.late.observe(w.lateness(now, when))
-				w.runPeriodic(r, ev, &wk.fired, fb)
+				w.runPeriodic(r, ev, wk, fb)
 				return
 			}
 		default:
