@@ -74,6 +74,14 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 		assert.Nil(t, w)
 		assert.EqualError(t, err, c.want)
 	}
+	// Valid alone, too much together: 4096 rings of 1<<24 slots (24 bytes each) would be 1.5 TiB.
+	w, err := sw.New(sw.WithShards(4096), sw.WithRingSize(1<<24))
+	assert.Nil(t, w)
+	assert.EqualError(t, err, "shardwheel: WithShards(4096) with WithRingSize(16777216): 68719476736 ring slots in all, more than 67108864")
+	// Just past the limit: a ring rounds its size up to a power of two (1<<15 here).
+	w, err = sw.New(sw.WithShards(4096), sw.WithRingSize(1<<14+1))
+	assert.Nil(t, w)
+	assert.EqualError(t, err, "shardwheel: WithShards(4096) with WithRingSize(16385): 134217728 ring slots in all, more than 67108864")
 }
 
 // TestSlabFull: a shard whose slab cannot grow refuses new timers with an ErrTooManyTimers that

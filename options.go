@@ -15,6 +15,9 @@ const (
 	maxWorkers   = 1 << 16
 	maxRingSize  = 1 << 24
 	maxQueueSize = 1 << 26
+	// maxRingSlots bounds the slots of every shard's ring together (1.5 GiB): each option alone
+	// is within its limit at 4096 shards of 1<<24 slots, which would ask for 1.5 TiB.
+	maxRingSlots = 1 << 26
 )
 
 // Defaults for the options, chosen for a server that arms a timeout per RPC.
@@ -64,6 +67,15 @@ type options struct {
 	maxPending int
 	clock      Clock
 	onPanic    func(recovered any)
+}
+
+// check reports the options that are invalid together though each is valid alone.
+func (o *options) check() error {
+	if slots := int64(o.shards) * int64(ringSlots(o.ringSize)); slots > maxRingSlots {
+		return fmt.Errorf("shardwheel: WithShards(%d) with WithRingSize(%d): %d ring slots in all, more than %d",
+			o.shards, o.ringSize, slots, maxRingSlots)
+	}
+	return nil
 }
 
 func defaultOptions() options {

@@ -78,15 +78,21 @@ const (
 // one slot, "published for position p" and "free for position p+1" are the same seq (p+1), so
 // a second push would overwrite a command the consumer has not taken (found by review).
 func (r *ring) init(size int) {
-	n := 2
-	for n < size {
-		n <<= 1
-	}
+	n := ringSlots(size)
 	r.slots = make([]ringSlot, n)
 	r.mask = uint64(n - 1)
 	for i := range r.slots {
 		r.slots[i].seq.Store(uint64(i))
 	}
+}
+
+// ringSlots returns the slots of a ring of size: size rounded up to a power of two, two at least.
+func ringSlots(size int) int {
+	n := 2
+	for n < size {
+		n <<= 1
+	}
+	return n
 }
 
 // claim reserves the next position for one command and returns its slot, or a nil slot with

@@ -146,6 +146,9 @@ func New(opts ...Option) (*Wheel, error) {
 			return nil, err
 		}
 	}
+	if err := o.check(); err != nil {
+		return nil, err
+	}
 	w := &Wheel{
 		opts:     o,
 		closing:  make(chan struct{}),
