@@ -146,9 +146,11 @@ type Timer struct {
 // does not wait for a running callback. For a timer made by Every, true means no further run will
 // start, also when Stop is called while a run is in progress.
 //
-// Stop never blocks on the wheel: it is one CAS plus, for a timer still in the wheel, one command
-// in its shard's ring so that the entry is freed promptly; for a timer whose add the shard has not
-// taken yet, two CASes and no command (the shard frees the entry when it takes the add).
+// Stop does not wait for callbacks or for time: it is one CAS plus, for a timer still in the
+// wheel, one command in its shard's ring so that the entry is freed promptly; for a timer whose
+// add the shard has not taken yet, two CASes and no command (the shard frees the entry when it
+// takes the add). Only when that ring is full does it take the shard's lock and drain the ring
+// itself, which may wait for one advance step of the shard (stepBudget entries at most).
 func (t Timer) Stop() bool {
 	if t.s == nil {
 		return false
