@@ -17,34 +17,58 @@ import (
 // bucket's lock, which the protocol below needs and sync.Map lacks.
 //
 // The per-key protocol. An arming is one *keyedTimer: its key and its Timer never change; its
-// value changes only when a Set re-arms it in place (step 0). Every decision about a key (install, supersede, remove,
-// fire) is a Compute on that key, so decisions on one key are serialised by its bucket lock; every
-// call into the wheel (AfterFuncArg, Reset, Stop) is made outside that lock, so a callback that
-// waits for the bucket lock never waits for the wheel. The map maps a key to its current arming.
+// value changes only when a Set re-arms it in place (step 0). Every decision about a key
+// (install, supersede, remove, fire) is a Compute on that key, so decisions on one key are
+// serialised by its bucket lock; every call into the wheel (AfterFuncArg, Reset, Stop) is made
+// outside that lock, so a callback that waits for the bucket lock never waits for the wheel. The
+// map maps a key to its current arming. An arming is installed at most once and, once
+// displaced, is never current again; whoever displaces an arming stops its timer, after its
+// Compute.
 //  0. Set of an armed key first tries to re-arm its current arming in place, with no allocation:
 //     under the arming's mu it Resets the timer and, only if that succeeded, stores the value.
 //     A callback reads the value under mu after its decision, so it fires with the value of the
-//     Set whose Reset came last before it. A failed Reset (the arming fired, is firing, or was
-//     stopped) changes nothing, and Set goes on to step 1. A Reset that succeeds on an arming
-//     that a concurrent Set or Remove has just displaced is harmless: that Set is ordered before
-//     the one that displaced it, whose Stop of the arming follows (or whose callback finds it
-//     displaced). mu is never held with a bucket lock, nor while a callback runs.
+//     Set whose Reset came last before it. A failed Reset (the timer came due, or was stopped)
+//     changes nothing, and Set goes on to step 1; no later Reset of that timer succeeds, so the
+//     arming's value is then final. A Reset that succeeds on an arming that a concurrent Set,
+//     Move, Remove or callback (step 2) has just displaced, before its Stop, is harmless: that Set
+//     is ordered before the displacement, whose Stop of the arming follows (or whose callback
+//     finds it displaced). mu is never held with a bucket lock, nor while a callback runs.
 //  1. Set arms a new arming (its timer may fire at once, even before step 2), then installs it
 //     with Compute and stops the one it displaced, if any. A displaced arming whose callback has
 //     started finds in its Compute that it is no longer current and does not fire.
 //  2. The callback of arming a, in its Compute: if a is current, it deletes the key and fires;
-//     if a was never installed (its Set is between steps 1 and 2), it marks a fired and fires,
-//     and that Set's Compute, seeing the mark, removes the key rather than installing a (the key
-//     is re-armed and fired at once, all within that Set); if a was displaced, it does nothing.
-//  3. Move loads the current arming without a lock and Resets its timer. A failed Reset means
-//     the arming was displaced (then Move retries on the new one) or fired (then Move reports
-//     false, ordered after the fire).
+//     if a was displaced, it does nothing. If a is not installed yet (its Set or Move is between
+//     arming it and its Compute):
+//     - a Set's arming marks itself fired and fires, and that Set's Compute, seeing the mark,
+//     removes the key rather than installing a (the key is re-armed and fired at once, all
+//     within that Set).
+//     - a Move's arming (a.prev set) fires in place of a.prev if a.prev is still current: it
+//     marks itself fired, deletes the key and stops a.prev's timer. Otherwise it does nothing,
+//     as its Move will not install it (step 3).
+//  3. Move loads the current arming a without a lock and Resets its timer: the common path, with
+//     no lock and no allocation. If the Reset fails and the key maps to another arming, a was
+//     displaced: Move retries on that one. If the key is absent, Move reports false. If the key
+//     still maps to a, a's timer has come due (or the Wheel is stopped) but its callback has not
+//     decided: the key is armed (Len counts it, Remove would cancel it), a false would precede
+//     the fire, and a caller who took it for "fired" and Set the key again would cancel that
+//     fire. So Move arms b with a's final value and b.prev = a, d from now; then, in a
+//     Compute on the key:
+//     - a is still current: Move installs b (clearing b.prev) and then stops a, whose callback,
+//     if it has started, finds a displaced. Move reports true.
+//     - b has fired, in a's place (step 2): Move reports true; the key was re-armed and fired.
+//     - otherwise a's callback fired it, or a Set, Move, Remove or Drain displaced it, before
+//     this Compute: Move stops b (whose callback, if it has started, finds b.prev gone for good
+//     and does nothing) and starts over; a false that follows is ordered after that fire or
+//     removal, and a true re-arms what displaced a.
+//     If the wheel refuses b (stopped, or past WithMaxPending), Move reports false and changes
+//     nothing.
 //  4. Remove deletes the key (whatever arming it maps to), Drain deletes it with Compute if it
 //     still maps to the arming Drain saw; then they stop that arming's timer. Its callback, if
 //     it has started, finds the arming displaced.
 //
-// Each arming so fires at most once, exactly when it is current at the moment its callback makes
-// its decision (or when its Set had not installed it yet), and then the key is absent.
+// Each arming so fires at most once: when it is current at the moment its callback decides, or
+// when it was not installed yet (a Move's only in place of the current arming it re-arms).
+// Then the key is absent, until a later Set.
 type Keyed[K comparable, V any] struct {
 	w       *Wheel
 	fire    func(key K, value V) // immutable
@@ -52,16 +76,21 @@ type Keyed[K comparable, V any] struct {
 	m       *xsync.MapOf[K, *keyedTimer[K, V]]
 }
 
-// keyedTimer is one arming of a key. key is immutable; timer is written by Set before the
-// arming is installed (so every reader that found it in the map sees it) and never again; value
-// is guarded by mu (written by step 0 or before the arming is published, read by the callback
-// and Drain under mu); installed and fired are guarded by the map's bucket lock for key (touched
-// only inside Compute on key).
+// keyedTimer is one arming of a key. key is immutable; timer is written by Set or Move before
+// the arming is installed (so every reader that found it in the map sees it) and never again;
+// value is guarded by mu (written by step 0 or before the arming is published, read by the
+// callback, Move and Drain under mu); prev is written before the arming is published and then
+// guarded by the map's bucket lock for key, as installed and fired are (touched only inside
+// Compute on key).
 type keyedTimer[K comparable, V any] struct {
-	key       K
-	timer     Timer
-	mu        sync.Mutex
-	value     V
+	key   K
+	timer Timer
+	mu    sync.Mutex
+	value V
+	// prev is the arming that the Move which armed this one re-arms (step 3), nil for a Set's.
+	// It is cleared when the arming is installed, so that a chain of Moves keeps no old value
+	// reachable.
+	prev      *keyedTimer[K, V]
 	installed bool
 	fired     bool
 }
@@ -106,9 +135,9 @@ func NewKeyed[K comparable, V any](w *Wheel, fire func(key K, value V)) *Keyed[K
 // It returns the wheel's error, ErrClosed after Stop or ErrTooManyTimers past WithMaxPending,
 // and then changes nothing. Set of an armed key re-arms its timer in place: it allocates
 // nothing and needs no room under WithMaxPending, as Move. Set of an absent key (or of one whose
-// timer is firing at that moment) arms a new timer: it allocates (the arming and the map's
-// entry) and needs room for one more timer (the new arming is armed before the old one, if any,
-// is stopped). Set does not block on the wheel.
+// timer has come due but not fired yet) arms a new timer: it allocates (the arming and the
+// map's entry) and needs room for one more timer (the new arming is armed before the old one,
+// if any, is stopped). Set does not block on the wheel.
 func (k *Keyed[K, V]) Set(key K, value V, d time.Duration) error {
 	if a, ok := k.m.Load(key); ok && a.reArm(value, d) {
 		return nil
@@ -119,6 +148,9 @@ func (k *Keyed[K, V]) Set(key K, value V, d time.Duration) error {
 		return err
 	}
 	a.timer = t
+	if testHookKeyedArmed != nil {
+		testHookKeyedArmed(false) // tests only: a Set paused between arming a and installing it
+	}
 	var old *keyedTimer[K, V]
 	k.m.Compute(key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
 		old = cur // nil when !loaded
@@ -135,22 +167,74 @@ func (k *Keyed[K, V]) Set(key K, value V, d time.Duration) error {
 }
 
 // Move re-arms key to fire d from now with the value it has, and reports true; it reports false,
-// and does nothing, if key is absent (never set, removed, drained or fired). It allocates nothing
-// and takes no lock.
+// and does nothing, if key is absent (never set, removed, drained or fired). A key whose timer
+// has come due but whose fire has not happened yet is still armed: Move re-arms it, and it
+// fires d from now, not before. Move allocates nothing and takes no lock, except for such a key:
+// then it arms a new timer in its place, as Set of an absent key does (it allocates and needs
+// room for one more timer), and if the wheel refuses that timer (after Stop, or past
+// WithMaxPending) Move reports false and changes nothing: the key fires as it would have (or,
+// after Stop, waits for Drain). Move does not block on the wheel.
 func (k *Keyed[K, V]) Move(key K, d time.Duration) bool {
 	a, ok := k.m.Load(key)
 	for ok {
 		if a.timer.Reset(d) {
 			return true
 		}
-		// Displaced (retry on the current arming) or fired (its callback deletes it, or did).
 		cur, ok2 := k.m.Load(key)
-		if !ok2 || cur == a {
-			return false
+		if ok2 && cur == a {
+			// Still current, and its timer came due: its callback has not decided (step 3).
+			moved, retry := k.replace(a, d)
+			if !retry {
+				return moved
+			}
+			cur, ok2 = k.m.Load(key)
 		}
-		a, ok = cur, ok2
+		a, ok = cur, ok2 // displaced: retry on the current arming, if any
 	}
 	return false
+}
+
+// testHookKeyedArmed and testHookKeyedExpire, set only by tests, run in Set and in replace
+// (with move true) right after a new arming is armed, before its Compute, and in expire before
+// its Compute (with the arming): a goroutine paused there.
+var (
+	testHookKeyedArmed  func(move bool)
+	testHookKeyedExpire func(arg any)
+)
+
+// replace is Move's slow path (step 3): a was current after its Reset failed. It arms b in a's
+// place, d from now, with a's value, and reports moved (the key was re-armed), or retry if a was
+// no longer current by the time of its Compute (b is then stopped, and never fires).
+func (k *Keyed[K, V]) replace(a *keyedTimer[K, V], d time.Duration) (moved, retry bool) {
+	b := &keyedTimer[K, V]{key: a.key, value: a.load(), prev: a}
+	t, err := k.w.AfterFuncArg(d, k.onTimer, b)
+	if err != nil {
+		return false, false // the wheel is stopped or full: a stays as it is
+	}
+	b.timer = t
+	if testHookKeyedArmed != nil {
+		testHookKeyedArmed(true) // tests only: a Move paused between arming b and installing it
+	}
+	installed := false
+	k.m.Compute(a.key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
+		switch {
+		case loaded && cur == a:
+			b.installed, b.prev, installed = true, nil, true
+			return b, false
+		case b.fired:
+			moved = true // b fired in a's place; its callback displaced and stopped a
+		}
+		return cur, !loaded
+	})
+	switch {
+	case installed:
+		a.timer.Stop()
+		return true, false
+	case moved:
+		return true, false
+	}
+	b.timer.Stop()
+	return false, true
 }
 
 // Remove disarms key and reports true, or reports false if key was absent. A key whose callback
@@ -167,9 +251,10 @@ func (k *Keyed[K, V]) Remove(key K) bool {
 func (k *Keyed[K, V]) Len() int { return k.m.Size() }
 
 // Drain disarms every armed key and calls fn(key, value) for each, on the calling goroutine,
-// instead of letting it fire; it returns how many it disarmed. fn may be nil. Keys set while Drain
-// runs may or may not be drained. After the Wheel is stopped, keys never fire, and Drain is how to
-// collect them (on shutdown, say, to close every idle connection).
+// instead of letting it fire; it returns how many it disarmed. fn may be nil. Keys set while
+// Drain runs (or moved while their timer comes due, which arms a new timer) may or may not be
+// drained. After the Wheel is stopped, keys never fire, and Drain is how to collect them (on
+// shutdown, say, to close every idle connection).
 func (k *Keyed[K, V]) Drain(fn func(key K, value V)) int {
 	n := 0
 	k.m.Range(func(key K, a *keyedTimer[K, V]) bool {
@@ -201,18 +286,31 @@ func (k *Keyed[K, V]) take(a *keyedTimer[K, V]) bool {
 
 // expire is the timer callback of every arming (step 2 of the protocol).
 func (k *Keyed[K, V]) expire(arg any) {
+	if testHookKeyedExpire != nil {
+		testHookKeyedExpire(arg) // tests only: a callback paused before its decision
+	}
 	a := arg.(*keyedTimer[K, V])
 	fire := false
+	var displaced *keyedTimer[K, V]
 	k.m.Compute(a.key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
 		switch {
 		case loaded && cur == a:
 			fire = true
 			return nil, true
-		case !a.installed:
-			a.fired, fire = true, true
+		case a.installed:
+			// displaced: nothing
+		case a.prev == nil:
+			a.fired, fire = true, true // a Set's, not installed yet: that Set removes the key
+		case loaded && cur == a.prev:
+			// A Move's, not installed yet, whose prev is current: it fires in prev's place.
+			a.fired, fire, displaced = true, true, cur
+			return nil, true
 		}
 		return cur, !loaded
 	})
+	if displaced != nil {
+		displaced.timer.Stop()
+	}
 	if fire {
 		k.fire(a.key, a.load())
 	}
