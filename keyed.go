@@ -35,16 +35,18 @@ import (
 //     finds it displaced). mu is never held with a bucket lock, nor while a callback runs.
 //  1. Set arms a new arming (its timer may fire at once, even before step 2), then installs it
 //     with Compute and stops the one it displaced, if any. A displaced arming whose callback has
-//     started finds in its Compute that it is no longer current and does not fire.
+//     started finds in its Compute that it is no longer current and does not fire. If the new
+//     arming has already fired (step 2), the Compute leaves the map as it is.
 //  2. The callback of arming a, in its Compute: if a is current, it deletes the key and fires;
 //     if a was displaced, it does nothing. If a is not installed yet (its Set or Move is between
-//     arming it and its Compute):
-//     - a Set's arming marks itself fired and fires, and that Set's Compute, seeing the mark,
-//     removes the key rather than installing a (the key is re-armed and fired at once, all
-//     within that Set).
-//     - a Move's arming (a.prev set) fires in place of a.prev if a.prev is still current: it
-//     marks itself fired, deletes the key and stops a.prev's timer. Otherwise it does nothing,
-//     as its Move will not install it (step 3).
+//     arming it and its Compute), a fires in place of its Set's or Move's install:
+//     - a Set's arming fires, marks itself fired, and displaces the arming the key maps to, if
+//     any: it deletes the key and stops that arming's timer. That arming was installed before
+//     the fire, so the Set is ordered after it, and it must not fire after a (an older value,
+//     last); what is current when the Set's Compute then finds the mark was installed after
+//     the fire, by a Set or Move ordered after it, and stays.
+//     - a Move's arming (a.prev set) does the same if a.prev is still current; otherwise it does
+//     nothing, as its Move will not install it (step 3).
 //  3. Move loads the current arming a without a lock and Resets its timer: the common path, with
 //     no lock and no allocation. If the Reset fails and the key maps to another arming, a was
 //     displaced: Move retries on that one. If the key is absent, Move reports false. If the key
@@ -67,8 +69,8 @@ import (
 //     it has started, finds the arming displaced.
 //
 // Each arming so fires at most once: when it is current at the moment its callback decides, or
-// when it was not installed yet (a Move's only in place of the current arming it re-arms).
-// Then the key is absent, until a later Set.
+// when, not installed yet, it fires in place of the current arming (for a Move's, only of the one
+// it re-arms). Then the key is absent, until a later Set.
 type Keyed[K comparable, V any] struct {
 	w       *Wheel
 	fire    func(key K, value V) // immutable
@@ -153,10 +155,12 @@ func (k *Keyed[K, V]) Set(key K, value V, d time.Duration) error {
 	}
 	var old *keyedTimer[K, V]
 	k.m.Compute(key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
-		old = cur // nil when !loaded
 		if a.fired {
-			return nil, true // fired before it was installed: the key ends absent
+			// a fired before it was installed, and its callback displaced what was current
+			// then; what is current now came after that fire, and stays (step 2).
+			return cur, !loaded
 		}
+		old = cur // nil when !loaded
 		a.installed = true
 		return a, false
 	})
@@ -299,12 +303,14 @@ func (k *Keyed[K, V]) expire(arg any) {
 			return nil, true
 		case a.installed:
 			// displaced: nothing
-		case a.prev == nil:
-			a.fired, fire = true, true // a Set's, not installed yet: that Set removes the key
-		case loaded && cur == a.prev:
-			// A Move's, not installed yet, whose prev is current: it fires in prev's place.
-			a.fired, fire, displaced = true, true, cur
-			return nil, true
+		case a.prev == nil || (loaded && cur == a.prev):
+			// Not installed yet: a Set's arming, or a Move's whose prev is current, fires in
+			// place of the current arming, which it displaces.
+			a.fired, fire = true, true
+			if loaded {
+				displaced = cur
+				return nil, true
+			}
 		}
 		return cur, !loaded
 	})

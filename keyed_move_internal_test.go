@@ -13,7 +13,8 @@ import (
 )
 
 // Keyed.Move of a key whose timer came due while its callback has not decided (protocol step 3
-// in keyed.go), each interleaving pinned with goroutines paused at the hooks testHookKeyedArmed (a Set or Move
+// in keyed.go), and the arming that fires before its Set installed it (step 2), each
+// interleaving pinned with goroutines paused at the hooks testHookKeyedArmed (a Set or Move
 // between arming a timer and installing it) and testHookKeyedExpire (a callback before its
 // decision).
 
@@ -333,6 +334,49 @@ func TestKeyedMoveRefused(t *testing.T) {
 		r.clk.Advance(time.Hour)
 		r.finish(t)
 	})
+}
+
+// TestKeyedSetFiredBeforeInstallDisplacesCurrent (review 26's side remark): Set A's arming
+// fires (d = 0) before A installed it, while the arming of a Set B that returned meanwhile is
+// current. A is ordered after B, so the key fires once, with A's value, and B's arming is
+// displaced and stopped. Before the fix B's arming stayed current and fired too, after A's:
+// two fires, the older value last.
+func TestKeyedSetFiredBeforeInstallDisplacesCurrent(t *testing.T) {
+	r := newKeyedHookRig(t)
+	armed := r.pauseArmed()
+	setA := make(chan error, 1)
+	go func() { setA <- r.k.Set("k", 1, 0) }()
+	waitKeyed(t, armed.reached, "Set A never armed its timer")
+	require.NoError(t, r.k.Set("k", 2, time.Millisecond)) // B: installs its arming
+	r.clk.Advance(0)                                      // A's arming fires, not installed
+	r.expectFire(t, "k=1")
+	require.Zero(t, r.k.Len(), "fired: absent")
+	require.Zero(t, r.w.Len(), "B's arming is stopped")
+	armed.unpause()
+	require.NoError(t, <-setA)
+	r.clk.Advance(time.Hour)
+	r.finish(t)
+}
+
+// TestKeyedSetAfterFireBeforeInstallNotLost: Set A's arming fires before A installed it; a
+// Set C of the key, after that fire, installs its own arming and returns; A's install then
+// must leave C's arming in place (it is ordered after A's fire), and C's value fires. Before
+// the fix A's Compute deleted the key and stopped C's arming: C was lost.
+func TestKeyedSetAfterFireBeforeInstallNotLost(t *testing.T) {
+	r := newKeyedHookRig(t)
+	armed := r.pauseArmed()
+	setA := make(chan error, 1)
+	go func() { setA <- r.k.Set("k", 1, 0) }()
+	waitKeyed(t, armed.reached, "Set A never armed its timer")
+	r.clk.Advance(0) // A's arming fires, not installed
+	r.expectFire(t, "k=1")
+	require.NoError(t, r.k.Set("k", 3, time.Millisecond)) // C
+	armed.unpause()
+	require.NoError(t, <-setA)
+	require.Equal(t, 1, r.k.Len(), "C's arming is current")
+	r.clk.Advance(time.Millisecond)
+	r.expectFire(t, "k=3")
+	r.finish(t)
 }
 
 // TestKeyedMoveStormWhileFiring: one goroutine Sets four keys in turn, each with values
