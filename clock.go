@@ -170,8 +170,10 @@ func (w *Wheel) advanceManual() {
 	// A callback that calls runtime.Goexit on this goroutine (WithWorkers(0), or a chunk that
 	// CallerRuns runs here) ends it inside advance, after the rest of its batch ran (runFrom).
 	// The deferred call lets go of what the advance held, so that the next Advance and Stop do
-	// not wait for it, and empties w.batch, whose entries ran and must not be dispatched again.
-	// What is still due fires at the next Advance.
+	// not wait for it, and empties w.batch, whose entries ran (dispatch, runFrom) and must not
+	// be dispatched again. What is still due fires at the next Advance, or now, on this
+	// goroutine as it unwinds, if a worker's Advance asked for a rerun meanwhile (it returned
+	// counting on this holder, as below).
 	held := true // advMu is held
 	defer func() {
 		if !held {
@@ -181,6 +183,9 @@ func (w *Wheel) advanceManual() {
 		w.batch = w.batch[:0]
 		w.advancer.Store(0)
 		w.advMu.Unlock()
+		if w.rerun.Load() && !w.closed.Load() {
+			w.advanceManual()
+		}
 	}()
 	onWorker := w.isWorker(self)
 	for {

@@ -79,7 +79,8 @@ func (w *Wheel) Every(interval time.Duration, f func()) (Timer, error) {
 // do) has no next run: the entry is dropped before f, uncounted, so that what Stop returns is
 // exact; unless a Timer.Stop got to it first, which counted the next run as stopped, and then it
 // is counted as scheduled. A run in progress when Stop begins counts its next run in Stop's
-// return: on another goroutine, which Stop waits for, its re-arm finds the ring closed; on
+// return: on another goroutine, which Stop waits for, its re-arm either reached the ring before
+// Stop closed it (and Stop's drain drops the entry there) or finds the ring closed; on
 // Stop's own (Stop from f), Stop drops it (dropOwnRuns, which finds the entry in wk.run).
 func (w *Wheel) runPeriodic(r ref, ev *every, wk *worker, fb *freeBatch) {
 	e, s := r.e, r.s

@@ -250,3 +250,53 @@ func TestFaultGoexitInEvery(t *testing.T) {
 		require.Equal(t, 1, w.Stop())
 	})
 }
+
+// TestFaultGoexitKeepsRerun: while a callback on the Advance caller runs, a worker's callback
+// calls Advance, which returns at once and leaves the new time to the holder (rerun); then the
+// caller's callback calls runtime.Goexit. The timer due at the new time still fires, with no
+// further Advance.
+func TestFaultGoexitKeepsRerun(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(1), sw.WithQueueSize(1), sw.WithFullPolicy(sw.CallerRuns))
+	require.NoError(t, err)
+	defer w.Stop()
+	started, release, asked := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	_, err = w.AfterFunc(0, func() { // on the worker
+		close(started)
+		<-release
+		clock.Advance(time.Millisecond) // the holder is busy: this asks it to advance again
+		close(asked)
+	})
+	require.NoError(t, err)
+	clock.Advance(0)
+	<-started
+	_, err = w.AfterFunc(0, func() {}) // fills the queue
+	require.NoError(t, err)
+	clock.Advance(0)
+	var advancer atomic.Int64
+	onCaller := make(chan bool, 1)
+	_, err = w.AfterFunc(0, func() {
+		onCaller <- fltGoid() == advancer.Load()
+		close(release)
+		<-asked
+		runtime.Goexit()
+	})
+	require.NoError(t, err)
+	late := make(chan struct{})
+	_, err = w.AfterFunc(time.Millisecond, func() { close(late) })
+	require.NoError(t, err)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		advancer.Store(fltGoid())
+		clock.Advance(0)
+	}()
+	require.True(t, <-onCaller, "the queue was full: the callback runs on the Advance caller")
+	<-ended
+	select {
+	case <-late:
+	case <-time.After(fltPatience):
+		t.Fatal("the worker's Advance was lost with the goroutine that held the clock")
+	}
+	require.Equal(t, 0, w.Stop())
+}

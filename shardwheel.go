@@ -411,12 +411,43 @@ func (w *Wheel) dropOwnRuns(self int64) int {
 // finishStop tells the workers to finish what was handed to them and waits for them to exit
 // (not for the goroutine self, when Stop runs on a worker: it exits after its callback
 // returns), then releases later Stop calls.
+//
+// On a worker, what is left in the queue once the others have exited is this Stop's to run: the
+// others drain the queue before they exit, but with one worker nobody else would, and those
+// callbacks were handed to the pool before Stop, so they run before it returns (review 28).
+// Nothing is queued after quit is closed: producers are refused, a manual advance runs its
+// chunks itself once closing is closed (dispatch), and a worker that advances stops at closed.
+// If one of them calls runtime.Goexit, later Stop calls are still released (the deferred close),
+// and this worker's replacement runs the rest of the queue as it exits.
 func (w *Wheel) finishStop(self int64) {
+	defer close(w.stopped)
 	close(w.quit)
+	mine := -1
 	for i, done := range w.pool.done {
-		if w.pool.gids[i].Load() != self {
-			<-done
+		if w.pool.gids[i].Load() == self {
+			mine = i
+			continue
+		}
+		<-done
+	}
+	if mine < 0 {
+		return
+	}
+	wk := &w.pool.ws[mine]
+	for {
+		select {
+		case c := <-w.pool.queue:
+			if c.adv != nil {
+				// A shard to advance: after Stop nothing is advanced (and advanceShard, on this
+				// goroutine, would take wk.batch, which a runFrom up this stack is running).
+				c.adv = nil
+				chunkPool.Put(c)
+				continue
+			}
+			wk.taken.Add(uint64(c.n))
+			w.runChunk(c, wk)
+		default:
+			return
 		}
 	}
-	close(w.stopped)
 }

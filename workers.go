@@ -147,8 +147,18 @@ func (w *Wheel) dispatch(batch []ref, onWorker bool) {
 	// returned only once the workers had exited (finishStop).
 	wait := w.opts.policy == Block && !onWorker
 	per := max(1, min(w.pool.chunkCap, len(batch)/len(w.pool.done)))
+	// batch[next:] is neither handed out nor run. A callback of a chunk run here that calls
+	// runtime.Goexit ends this goroutine after the rest of its chunk ran (runFrom); the deferred
+	// call runs the rest of the batch here too, as the goroutine unwinds (review 28).
+	next := 0
+	defer func() {
+		if next < len(batch) {
+			w.runRefs(batch[next:], other)
+		}
+	}()
 	for i := 0; i < len(batch); i += per {
-		c := newChunk(batch[i:min(i+per, len(batch))])
+		next = min(i+per, len(batch))
+		c := newChunk(batch[i:next])
 		if isClosed(w.closing) {
 			w.runChunk(c, other)
 			continue
