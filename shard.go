@@ -403,9 +403,31 @@ func (s *shard) dropLocked() int {
 	s.tw.forEach(func(e *entry) {
 		if dropFrom(e, stPending) {
 			n++
+			letGoDropped(e)
 		}
 	})
 	return n
+}
+
+// letGoDropped lets go of the callback and argument of e, which the caller has just moved from
+// pending to dropped, so that the stopped wheel (which lives on as long as anyone holds the
+// *Wheel) keeps nothing they refer to: a context cancelled after Stop, say, with its parents and
+// values. The caller holds s.mu (dropLocked).
+//
+// Why nobody else reads or writes f and arg of this arming from here on, whatever goroutine is
+// paused where:
+//   - The producer wrote them before it published the add, which this drain took (the ring
+//     orders them); an Every's worker re-arms without writing them.
+//   - A worker reads them only for an entry the shard moved to firing, and a periodic one only
+//     while it holds the entry running; pending excludes both, and the drop CAS excludes any later
+//     move: dropped is final (Stop, Reset, expire and the worker all leave a dropped word alone),
+//     and nobody frees a dropped entry, so no later owner writes them either.
+//   - Timer.Stop clears them only after its own CAS from pending (or in stopping, which dropFrom
+//     does not take): exactly one of that CAS and the drop's succeeds. A Stop or Reset that comes
+//     later finds the word dropped and reports false without touching them (a Keyed's Move, Set
+//     or Remove after Stop is such a call).
+func letGoDropped(e *entry) {
+	clearEntry(e)
 }
 
 // dropFrom moves e from state from (pending, or running for an Every whose series ends) to
