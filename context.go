@@ -144,8 +144,10 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 	return c, c.cancel
 }
 
-// testHookEnded, set only by tests, runs in end right after the CAS that ends a context.
-var testHookEnded func(*deadlineCtx)
+// testHookEnded, set only by tests, runs in end right after the CAS that ends a context. It is
+// atomic because ends may run on goroutines that no test waits for, while a later test sets the
+// hook.
+var testHookEnded atomic.Pointer[func(*deadlineCtx)]
 
 // The state word of a deadlineCtx:
 //
@@ -310,8 +312,8 @@ func (c *deadlineCtx) end(code uint32) {
 			break
 		}
 	}
-	if testHookEnded != nil {
-		testHookEnded(c) // tests only: an ender paused here, between its CAS and q's cancel
+	if h := testHookEnded.Load(); h != nil {
+		(*h)(c) // tests only: an ender paused here, between its CAS and q's cancel
 	}
 	if s&ctxLinked != 0 {
 		c.mu.Lock()

@@ -24,13 +24,14 @@ func TestContextChildOfEndingParentKeepsCause(t *testing.T) {
 	defer cancelP()
 	p.Done() // q exists: the ender has a Done to close after its CAS
 	paused, resume := make(chan struct{}), make(chan struct{})
-	testHookEnded = func(c *deadlineCtx) {
+	hook := func(c *deadlineCtx) {
 		if c == p.(*deadlineCtx) {
 			close(paused)
 			<-resume
 		}
 	}
-	defer func() { testHookEnded = nil }()
+	testHookEnded.Store(&hook)
+	defer testHookEnded.Store(nil)
 	go clk.Advance(time.Millisecond) // fires p's deadline; its ender pauses after the CAS
 	<-paused
 	made := make(chan context.Context)
