@@ -89,7 +89,9 @@ func (w *Wheel) WithTimeoutCause(parent context.Context, d time.Duration, cause 
 // cancelable context in between answers wheelCtxKey too, but with its own Done, so it falls back.
 // Any other parent gets context.WithDeadlineCause(parent, t, cause); so do a stopped wheel and
 // WithMaxPending (the caller's RPC must not break). With a ManualClock that std context's timer
-// runs on the real clock: t is a time on the manual clock's scale.
+// runs on the real clock: t is a time on the manual clock's scale. A context made before Stop
+// whose timer Stop drops ends the same way from then on (timerDropped): a stopped wheel follows
+// no clock, and its contexts, old and new, end as context.WithDeadline(parent, t) does.
 //
 // The steps of the wheel path, in an order that lets each one race with the context's end:
 //  1. The wheel parent has ended, or t is reached: the context is born ended; nothing to release.
@@ -145,8 +147,9 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 }
 
 // testHookEnded, set only by tests, runs in end right after the CAS that ends a context. It is
-// atomic because ends may run on goroutines that no test waits for, while a later test sets the
-// hook.
+// atomic because ends run on goroutines no test waits for: a runtime timer that took over a
+// dropped deadline (timerDropped) may end a context of an earlier test while a later one sets
+// the hook.
 var testHookEnded atomic.Pointer[func(*deadlineCtx)]
 
 // The state word of a deadlineCtx:
@@ -199,8 +202,9 @@ func errOf(code uint32) error {
 //     only an ender whose CAS saw the linked bit does; if none did, kidsDone stays false and a
 //     later addKid or gate.AfterFunc learns of the end from its own Or of the linked bit.
 //   - x: atomic, written once: by the constructor (a cause) or under mu by ext. What only a Cause
-//     form or the first Done, Value(&cancelCtxKey) needs lives there, so that the context of the
-//     hot path (make, cancel) is 128 bytes, one size class below std's timerCtx alone.
+//     form or the first Done, Value(&cancelCtxKey), or a Wheel.Stop that dropped the timer needs
+//     lives there, so that the context of the hot path (make, cancel) is 128 bytes, one size
+//     class below std's timerCtx alone.
 type deadlineCtx struct {
 	w          *Wheel
 	parent     context.Context
@@ -219,12 +223,15 @@ type deadlineCtx struct {
 //   - cause: immutable (the WithDeadlineCause cause; nil for DeadlineExceeded).
 //   - gateF: guarded by the context's mu (std's registration of q, see ctxGate.AfterFunc).
 //   - q: atomic, written once, under qmu, by lazyQ; lateF is guarded by qmu.
+//   - rt: atomic, written once, by timerDropped (under a shard's mu, in Wheel.Stop): the runtime
+//     timer that carries the deadline once the wheel's timer was dropped; stopped by release.
 type ctxExt struct {
 	cause error
 	gateF func()
 	q     atomic.Value // context.Context: the *context.cancelCtx of lazyQ
 	qmu   sync.Mutex
 	lateF func()
+	rt    atomic.Pointer[time.Timer]
 }
 
 // ext returns c's ctxExt, making it (under mu, so once) on the first call.
@@ -283,6 +290,67 @@ func (p *keyProbe) Value(key any) any         { p.key = key; return nil }
 
 // expireDeadline is the timer callback of every deadlineCtx (one func value, no closures).
 func expireDeadline(arg any) { arg.(*deadlineCtx).end(endDeadline) }
+
+// expireDeadlinePC is expireDeadline's code pointer: func values do not compare, and Wheel.Stop
+// tells a context's timer from others by its callback (isExpireDeadline).
+var expireDeadlinePC = reflect.ValueOf(expireDeadline).Pointer()
+
+// isExpireDeadline reports whether f is expireDeadline.
+func isExpireDeadline(f func(any)) bool {
+	return f != nil && reflect.ValueOf(f).Pointer() == expireDeadlinePC
+}
+
+// timerDropped is told by Wheel.Stop (letGoDropped, under a shard's mu) that Stop moved the
+// context's wheel timer from pending to dropped: it will never fire, and the entry no longer
+// refers to the context. So that the context still ends at its deadline, and never before, as
+// std's does, a runtime timer takes the deadline over: time.AfterFunc(time.Until(deadline)),
+// which is what context.WithDeadline arms, read on the same scale (a deadline already passed
+// fires at once, on the runtime's goroutine: nothing of the context's end runs under the
+// shard's mu, where a parent's end would stop its children's timers). With a ManualClock the
+// deadline is a time on the manual clock's scale and the runtime timer reads it on the real
+// clock, as the std context that withDeadline returns after Stop does: a stopped wheel follows
+// the manual clock no more (Stop detaches it), and its contexts, made before Stop or after, end
+// alike.
+//
+// The steps, and who may be paused between them:
+//  1. Already ended: nothing to do; the ender (or the constructor) releases the rest, and the
+//     entry it would stop is dropped already (Timer.Stop reports false).
+//  2. Arm the runtime timer and publish it in x.rt.
+//  3. Load the state again: ended meanwhile, stop the runtime timer here.
+//
+// An ender (cancel, the wheel parent's end) does its CAS and then, in release, loads x.rt and
+// stops what it finds. Both orders are covered: if 3's load missed the CAS, the CAS came after
+// 2's store, so release's load sees the timer; otherwise 3 stops it (both may: Stop is
+// idempotent). So a cancelled context is never held by a runtime timer beyond its cancel, and
+// only a context still live at its deadline is ended by it, with DeadlineExceeded and its cause,
+// through end, as by its wheel timer. A constructor paused between AfterFuncArg and its armed
+// bit changes nothing here: timerDropped reads only deadline (immutable), state and x (atomic),
+// never timer or pw, and whoever ends the context calls release once, as always: the ender if
+// it saw armed, else the constructor once its Or of armed sees the end (withDeadline).
+// It runs at most once per context: a context has one wheel timer, dropped at most once.
+// It takes c.mu (ext) under the shard's mu: nothing holds c.mu while it arms, stops or drains a
+// wheel timer, so the order is never the other way round.
+func (c *deadlineCtx) timerDropped() {
+	if c.state.Load()&endMask != 0 { // 1.
+		return
+	}
+	if h := testHookDropped.Load(); h != nil {
+		(*h)(c, 1) // tests only: paused between 1 and 2
+	}
+	x := c.ext()
+	rt := time.AfterFunc(time.Until(c.deadline), func() { c.end(endDeadline) })
+	x.rt.Store(rt) // 2.
+	if h := testHookDropped.Load(); h != nil {
+		(*h)(c, 2) // tests only: paused between 2 and 3
+	}
+	if c.state.Load()&endMask != 0 { // 3.
+		rt.Stop()
+	}
+}
+
+// testHookDropped, set only by tests, runs in timerDropped after its step 1 and after its step 2
+// (atomic, as testHookEnded).
+var testHookDropped atomic.Pointer[func(c *deadlineCtx, step int)]
 
 // cancel is the CancelFunc.
 func (c *deadlineCtx) cancel() { c.end(endCanceled) }
@@ -343,10 +411,18 @@ func (c *deadlineCtx) end(code uint32) {
 
 // release stops the timer (unless it is what fired: the wheel has let go of the entry then) and
 // unlinks the context from its wheel parent (unless the parent ended it: the parent took its list).
-// After it, the wheel holds nothing of the context: Timer.Stop drops the entry's arg at once.
+// After it, the wheel holds nothing of the context: Timer.Stop drops the entry's arg at once,
+// and after Wheel.Stop the entry let go of it when it was dropped; the runtime timer that took
+// over a dropped timer's deadline, if any, is stopped here (see timerDropped for the race with
+// its arming; stopping one that fired, or twice, does nothing).
 func (c *deadlineCtx) release(code uint32) {
 	if code != endDeadline {
 		c.timer.Stop()
+	}
+	if x := c.x.Load(); x != nil {
+		if rt := x.rt.Load(); rt != nil {
+			rt.Stop()
+		}
 	}
 	if c.pw != nil && code != endParentCanceled && code != endParentDeadline {
 		c.pw.removeKid(c)

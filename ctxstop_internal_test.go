@@ -2,7 +2,11 @@ package shardwheel
 
 import (
 	"context"
+	"errors"
+	"math/rand"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"weak"
@@ -11,9 +15,11 @@ import (
 	"go.uber.org/goleak"
 )
 
-// Deadline contexts across Wheel.Stop (review 27). The dropped entry lets go of its callback and
-// argument (letGoDropped), so that a context cancelled after Stop is not kept reachable by the
-// stopped wheel.
+// Deadline contexts across Wheel.Stop (review 27). Stop drops the context's wheel timer
+// (dropLocked); the context then ends at its deadline on a runtime timer (timerDropped), and the
+// dropped entry lets go of its callback and argument (letGoDropped), so that a context cancelled
+// after Stop is not kept reachable by the stopped wheel. The tests drive each interleaving of
+// Stop's drop with the context's cancel, its own expiry and its constructor.
 
 // ctxPayload is a value big enough that a weak pointer to it tells whether a context is kept.
 type ctxPayload [64 << 10]byte
@@ -28,9 +34,67 @@ func collected(p weak.Pointer[ctxPayload]) bool {
 	return p.Value() == nil
 }
 
+// droppedRT returns the runtime timer that took over c's deadline at Stop, or nil.
+func droppedRT(c *deadlineCtx) *time.Timer {
+	if x := c.x.Load(); x != nil {
+		return x.rt.Load()
+	}
+	return nil
+}
+
+// requireEnded waits up to a second for ctx to end and checks its Err.
+func requireEnded(t *testing.T, ctx context.Context, want error) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Second):
+		t.Fatalf("%v: not done a second later", ctx)
+	}
+	require.Equal(t, want, ctx.Err())
+}
+
+// TestContextStopEndsLiveContextAtDeadline (review 27, was TestReview27StopLeavesLiveContextUndone):
+// a context made while the wheel runs ends at its deadline after Stop dropped its timer, as the
+// standard library's with the same deadline does; so does a context.AfterFunc on it. Stop counts
+// the dropped timer.
+func TestContextStopEndsLiveContextAtDeadline(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w, err := New(WithShards(1), WithWorkers(1))
+	require.NoError(t, err)
+	const d = 20 * time.Millisecond
+	ctx, cancel := w.WithTimeout(context.Background(), d)
+	defer cancel()
+	ran := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() { close(ran) })
+	defer stop()
+	ref, refCancel := context.WithTimeout(context.Background(), d)
+	defer refCancel()
+
+	require.Equal(t, 1, w.Stop(), "the context's timer was pending and is dropped")
+
+	<-ref.Done() // the standard library's context ends at the deadline
+	require.Equal(t, context.DeadlineExceeded, ref.Err())
+	select {
+	case <-ctx.Done():
+	case <-time.After(2 * time.Second):
+	}
+	dl, _ := ctx.Deadline()
+	require.Equal(t, context.DeadlineExceeded, ctx.Err(),
+		"the wheel's context is still live %v after its deadline: Stop dropped its timer", time.Since(dl))
+	select {
+	case <-ran:
+	case <-time.After(time.Second):
+		t.Fatal("context.AfterFunc on the context never ran")
+	}
+	requireBalanced(t, w)
+	require.Equal(t, uint64(1), w.Stats().Dropped)
+}
+
 // TestContextStopLetsGoOfCanceledContext (review 27, was TestReview27StoppedWheelKeepsCanceledContext):
 // a context cancelled after Stop is not kept reachable by the stopped wheel: the dropped entry let
-// go of its argument.
+// go of its argument. (On this manual clock at 1970 the deadline is long past on the real clock,
+// so the context may also have ended by its runtime timer first; see
+// TestContextStopLetsGoOfCanceledContextSystemClock for one whose runtime timer is pending.)
 func TestContextStopLetsGoOfCanceledContext(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w, err := New(WithClock(NewManualClock(time.Unix(0, 0))), WithShards(1), WithWorkers(0))
@@ -48,6 +112,35 @@ func TestContextStopLetsGoOfCanceledContext(t *testing.T) {
 	require.True(t, collected(live), "control: cancelled on a running wheel, the context is gone")
 	stopped := mk(func() { w.Stop() })
 	require.True(t, collected(stopped), "a cancelled context's values are kept reachable by the stopped wheel")
+	runtime.KeepAlive(w)
+}
+
+// TestContextStopLetsGoOfCanceledContextSystemClock: a context an hour from its deadline at Stop
+// is held by the runtime timer that took its deadline over, and its cancel stops that timer, so
+// nothing keeps it (the stopped wheel's entry, or the runtime's timer heap) once cancelled.
+func TestContextStopLetsGoOfCanceledContextSystemClock(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w, err := New(WithShards(2), WithWorkers(1))
+	require.NoError(t, err)
+	var c *deadlineCtx
+	mk := func() (weak.Pointer[ctxPayload], context.CancelFunc) {
+		p := new(ctxPayload)
+		ctx, cancel := w.WithTimeout(context.WithValue(context.Background(), ctxPayloadKey{}, p), time.Hour)
+		c = ctx.(*deadlineCtx)
+		return weak.Make(p), cancel
+	}
+	held, cancel := mk()
+	require.Equal(t, 1, w.Stop())
+	rt := droppedRT(c)
+	require.NotNil(t, rt, "Stop handed the deadline to a runtime timer")
+	c = nil
+	require.False(t, collected(held), "control: live, the context waits for its deadline")
+	require.Nil(t, keptArg(w), "the dropped entry let go of the context at Stop")
+	cancel()
+	cancel = nil
+	require.False(t, rt.Stop(), "the cancel stopped the runtime timer")
+	rt = nil // a *time.Timer keeps its func, and so the context: the test's own reference goes
+	require.True(t, collected(held), "a context cancelled after Stop is kept reachable")
 	runtime.KeepAlive(w)
 }
 
@@ -72,6 +165,286 @@ func keptArg(w *Wheel) any {
 		}
 	}
 	return nil
+}
+
+// TestContextStopNeverEarlyWithSubtree: after Stop, contexts of several shards end at their
+// deadline and not before, with their cause, and so does every context derived from them: a
+// wheel child with the same deadline, a standard child, a context.AfterFunc. Stop counts each
+// wheel timer it dropped, once.
+func TestContextStopNeverEarlyWithSubtree(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w, err := New(WithShards(4), WithWorkers(2))
+	require.NoError(t, err)
+	cause := errors.New("too slow")
+	type tree struct {
+		ctx, kid, std context.Context
+		ran           chan time.Time
+	}
+	var trees []tree
+	var cancels []context.CancelFunc
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+	}()
+	for i := range 8 {
+		ctx, cancel := w.WithTimeoutCause(context.Background(), time.Duration(30+10*i)*time.Millisecond, cause)
+		dl, _ := ctx.Deadline()
+		kid, kcancel := w.WithDeadline(ctx, dl) // the same deadline: a wheel context
+		_, isWheel := kid.(*deadlineCtx)
+		require.True(t, isWheel)
+		std, scancel := context.WithCancel(kid)
+		cancels = append(cancels, cancel, kcancel, scancel)
+		tr := tree{ctx: ctx, kid: kid, std: std, ran: make(chan time.Time, 1)}
+		context.AfterFunc(std, func() { tr.ran <- time.Now() })
+		trees = append(trees, tr)
+	}
+	require.Equal(t, 16, w.Stop(), "every wheel timer was pending")
+	for _, tr := range trees {
+		dl, _ := tr.ctx.Deadline()
+		select {
+		case <-tr.ctx.Done():
+		case <-time.After(2 * time.Second):
+			t.Fatalf("%v: not done after Stop", tr.ctx)
+		}
+		require.False(t, time.Now().Before(dl), "done %v before its deadline", dl.Sub(time.Now()))
+		for _, c := range []context.Context{tr.ctx, tr.kid, tr.std} {
+			requireEnded(t, c, context.DeadlineExceeded)
+		}
+		require.Equal(t, cause, context.Cause(tr.ctx))
+		// The kid's own deadline (no cause) and its parent's are the same instant: either may
+		// end it first, as with std's timerCtx; its standard child copies whichever it was.
+		if kc := context.Cause(tr.kid); kc != cause {
+			require.Equal(t, context.DeadlineExceeded, kc)
+		}
+		require.Equal(t, context.Cause(tr.kid), context.Cause(tr.std))
+		at := <-tr.ran
+		require.False(t, at.Before(dl), "context.AfterFunc ran before the deadline")
+	}
+	requireBalanced(t, w)
+	require.Equal(t, uint64(16), w.Stats().Dropped)
+	require.Zero(t, w.Stats().Fired, "the runtime timers are not callbacks of the wheel")
+}
+
+// TestContextStopManualClockAsFallback: on a ManualClock, a context made before Stop ends after
+// Stop exactly as the standard context that a context made after Stop falls back to: its
+// deadline, a time on the manual clock's scale, read against the real clock. At a start in 1970
+// both end at once; at a start of now, both stay live for the hour of real time they have left,
+// and their cancel ends them with Canceled.
+func TestContextStopManualClockAsFallback(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	for _, tc := range []struct {
+		name  string
+		start time.Time
+		ended bool
+	}{
+		{"1970", time.Unix(0, 0), true},
+		{"now", time.Now(), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := NewManualClock(tc.start)
+			w, err := New(WithClock(clk), WithShards(1), WithWorkers(0))
+			require.NoError(t, err)
+			clk.Advance(time.Minute)
+			before, cancelBefore := w.WithTimeout(context.Background(), time.Hour)
+			defer cancelBefore()
+			require.Equal(t, 1, w.Stop())
+			after, cancelAfter := w.WithTimeout(context.Background(), time.Hour)
+			defer cancelAfter()
+			_, isWheel := after.(*deadlineCtx)
+			require.False(t, isWheel, "made after Stop: the standard library's context")
+			db, _ := before.Deadline()
+			da, _ := after.Deadline()
+			require.Equal(t, db, da, "the same deadline on the manual clock")
+			if tc.ended {
+				requireEnded(t, before, context.DeadlineExceeded)
+				requireEnded(t, after, context.DeadlineExceeded)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+			require.NoError(t, before.Err())
+			require.NoError(t, after.Err())
+			rt := droppedRT(before.(*deadlineCtx))
+			require.NotNil(t, rt)
+			cancelBefore()
+			cancelAfter()
+			require.Equal(t, context.Canceled, before.Err())
+			require.Equal(t, context.Canceled, after.Err())
+			require.False(t, rt.Stop(), "the cancel stopped the runtime timer")
+		})
+	}
+}
+
+// TestContextCancelPausedAcrossStopDrop: a cancel paused between the CAS that ends the context
+// and its release, while Stop drops the timer. Stop's drop wins the entry (pending -> dropped:
+// the paused cancel has not stopped it yet), counts it, and hands nothing to a runtime timer (the
+// context has ended); the cancel's release then finds the entry dropped (Timer.Stop reports
+// false). The entry keeps nothing; the books balance with the timer counted as dropped.
+func TestContextCancelPausedAcrossStopDrop(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w, _, _ := parkWheel(t)
+	ctx, cancel := w.WithTimeout(context.Background(), time.Hour)
+	c := ctx.(*deadlineCtx)
+	e := c.timer.s.slab.at(c.timer.i)
+	paused, resume := make(chan struct{}), make(chan struct{})
+	hook := func(k *deadlineCtx) {
+		if k == c {
+			close(paused)
+			<-resume
+		}
+	}
+	testHookEnded.Store(&hook)
+	defer testHookEnded.Store(nil)
+	canceled := make(chan struct{})
+	go func() { cancel(); close(canceled) }()
+	<-paused
+	require.Equal(t, 1, w.Stop(), "the paused cancel had not stopped the timer: Stop drops it")
+	require.Nil(t, droppedRT(c), "an ended context gets no runtime timer")
+	require.Nil(t, e.arg, "the dropped entry let go of the context")
+	require.Nil(t, e.f)
+	close(resume)
+	<-canceled
+	require.Equal(t, context.Canceled, ctx.Err())
+	require.False(t, c.timer.Stop(), "dropped")
+	st := w.Stats()
+	require.Zero(t, st.Stopped)
+	require.Equal(t, uint64(1), st.Dropped)
+	requireBalanced(t, w)
+}
+
+// TestContextCancelInsideDropHandOff: a cancel that runs while Stop hands the deadline over to a
+// runtime timer (timerDropped), between its steps: before the runtime timer is armed (the
+// cancel's release finds none; step 3 sees the end and stops it) and after it is published
+// (release stops it; so may step 3). Either way the runtime timer ends stopped: it neither holds
+// the cancelled context nor ends it again.
+func TestContextCancelInsideDropHandOff(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	for _, step := range []int{1, 2} {
+		w, err := New(WithShards(1), WithWorkers(1))
+		require.NoError(t, err)
+		ctx, cancel := w.WithTimeout(context.Background(), time.Hour)
+		c := ctx.(*deadlineCtx)
+		hooked := 0
+		hook := func(k *deadlineCtx, at int) {
+			if k == c && at == step {
+				hooked++
+				cancel() // on Stop's goroutine, under the shard's mu
+			}
+		}
+		testHookDropped.Store(&hook)
+		n := w.Stop()
+		testHookDropped.Store(nil)
+		require.Equal(t, 1, n)
+		require.Equal(t, 1, hooked, "step %d", step)
+		require.Equal(t, context.Canceled, ctx.Err())
+		rt := droppedRT(c)
+		require.NotNil(t, rt, "step %d: armed (the context was live at step 1)", step)
+		require.False(t, rt.Stop(), "step %d: the runtime timer was left running", step)
+		requireBalanced(t, w)
+	}
+}
+
+// TestContextExpiryFiredBeforeStopDrop: the context's own timer fired in the batch whose first
+// callback calls Stop. The entry was firing, not pending, so Stop does not drop it (its count
+// is 0) and no runtime timer is armed: the wheel's callback runs after Stop returns and ends the
+// context, counted as fired. One tick later instead, the timer is still pending at Stop: dropped,
+// counted, and the context ends by its runtime timer (the manual clock's 1970 deadline is past
+// on the real clock: at once).
+func TestContextExpiryFiredBeforeStopDrop(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	for _, tc := range []struct {
+		name    string
+		ctxD    time.Duration
+		dropped int
+	}{
+		{"same tick", time.Millisecond, 0},
+		{"next tick", 2 * time.Millisecond, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, clk, _ := parkWheel(t)
+			stopped := -1
+			_, err := w.AfterFunc(time.Millisecond, func() { stopped = w.Stop() })
+			require.NoError(t, err)
+			ctx, cancel := w.WithTimeout(context.Background(), tc.ctxD)
+			defer cancel()
+			clk.Advance(2 * time.Millisecond)
+			require.Equal(t, tc.dropped, stopped, "what Stop found pending")
+			requireEnded(t, ctx, context.DeadlineExceeded)
+			st := w.Stats()
+			require.Equal(t, uint64(tc.dropped), st.Dropped)
+			require.Equal(t, uint64(2-tc.dropped), st.Fired)
+			require.Equal(t, st.Fired, st.Lateness.Count())
+			requireBalanced(t, w)
+			if tc.dropped == 0 {
+				require.Nil(t, droppedRT(ctx.(*deadlineCtx)), "fired by the wheel: no runtime timer")
+			}
+		})
+	}
+}
+
+// TestContextStopWhileConstructorPaused: Stop drops a context's timer while its constructor is
+// paused between AfterFuncArg and the armed bit (here: waiting for the wheel parent's mu in
+// addKid). The runtime timer takes the deadline over all the same; the constructor then links
+// the context and arms it. If the deadline came while it was paused, the runtime timer ended the
+// context unarmed and the constructor releases it (unlinking it from the parent again); else
+// the context ends at its deadline, or by its cancel, which stops the runtime timer.
+func TestContextStopWhileConstructorPaused(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	for _, tc := range []struct {
+		name       string
+		pauseAfter time.Duration // how long the constructor stays paused after Stop
+		cancel     bool
+	}{
+		{"deadline while paused", 80 * time.Millisecond, false},
+		{"deadline after", 0, false},
+		{"cancelled after", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := New(WithShards(2), WithWorkers(1))
+			require.NoError(t, err)
+			parent, cancelParent := w.WithTimeout(context.Background(), time.Hour)
+			defer cancelParent()
+			p := parent.(*deadlineCtx)
+			p.Done() // p's ctxExt exists: Stop's hand-off of p's own timer takes no p.mu
+			const d = 40 * time.Millisecond
+			p.mu.Lock() // the child's constructor will wait here, in addKid
+			type made struct {
+				ctx    context.Context
+				cancel context.CancelFunc
+			}
+			ch := make(chan made)
+			go func() {
+				ctx, cancel := w.WithTimeout(parent, d)
+				ch <- made{ctx, cancel}
+			}()
+			for w.Len() < 2 { // the child's timer is scheduled; its constructor has not armed it
+				runtime.Gosched()
+			}
+			require.Equal(t, 2, w.Stop())
+			time.Sleep(tc.pauseAfter)
+			p.mu.Unlock()
+			m := <-ch
+			defer m.cancel()
+			c := m.ctx.(*deadlineCtx)
+			require.NotNil(t, droppedRT(c))
+			dl, _ := c.Deadline()
+			if tc.cancel {
+				require.NoError(t, c.Err())
+				m.cancel()
+				require.Equal(t, context.Canceled, c.Err())
+				require.False(t, droppedRT(c).Stop(), "the cancel stopped the runtime timer")
+			} else {
+				requireEnded(t, c, context.DeadlineExceeded)
+				require.False(t, time.Now().Before(dl), "ended before its deadline")
+			}
+			p.mu.Lock()
+			kids := p.kids
+			p.mu.Unlock()
+			require.Nil(t, kids, "the ended child is unlinked from its parent")
+			require.NoError(t, parent.Err())
+			requireBalanced(t, w)
+		})
+	}
 }
 
 // TestStopLetsGoOfDroppedCallbacks: every entry Stop drops lets go of its callback and argument
@@ -114,4 +487,83 @@ func TestStopLetsGoOfDroppedCallbacks(t *testing.T) {
 	require.Equal(t, 1, k.Drain(func(_ string, v *ctxPayload) { got = v }))
 	require.Same(t, p, got)
 	requireBalanced(t, w)
+}
+
+// TestContextStopRace: producers make contexts (some with wheel children), cancel some at random
+// moments, while Stop drops the rest; contexts made after Stop fall back to the standard
+// library's. Every context ends: a cancelled one with Canceled, any other with
+// DeadlineExceeded, never before its deadline; the books balance.
+func TestContextStopRace(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	rounds := 20
+	if testing.Short() {
+		rounds = 5
+	}
+	for range rounds {
+		w, err := New(WithShards(4), WithWorkers(2))
+		require.NoError(t, err)
+		var early, wrong atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewSource(int64(g)))
+				<-start
+				for range 50 {
+					d := time.Duration(rng.Intn(3000)) * time.Microsecond
+					ctx, cancel := w.WithTimeout(context.Background(), d)
+					kid, kcancel := ctx, context.CancelFunc(func() {})
+					if rng.Intn(2) == 0 {
+						dl, _ := ctx.Deadline()
+						kid, kcancel = w.WithDeadline(ctx, dl)
+					}
+					cancelled := rng.Intn(3) == 0
+					pause := time.Duration(rng.Intn(2000)) * time.Microsecond
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						defer kcancel()
+						if cancelled {
+							time.Sleep(pause)
+							cancel()
+						} else {
+							defer cancel()
+						}
+						for _, c := range []context.Context{ctx, kid} {
+							select {
+							case <-c.Done():
+							case <-time.After(5 * time.Second):
+								wrong.Add(1)
+								return
+							}
+							now := time.Now()
+							dl, _ := c.Deadline()
+							switch c.Err() {
+							case context.DeadlineExceeded:
+								if now.Before(dl) {
+									early.Add(1)
+								}
+							case context.Canceled:
+								if !cancelled {
+									wrong.Add(1)
+								}
+							default:
+								wrong.Add(1)
+							}
+						}
+					}()
+				}
+			}()
+		}
+		close(start)
+		time.Sleep(time.Duration(rand.Intn(1500)) * time.Microsecond)
+		w.Stop()
+		wg.Wait()
+		require.Zero(t, early.Load(), "contexts ended before their deadline")
+		require.Zero(t, wrong.Load(), "contexts ended with the wrong error, or never")
+		requireBalanced(t, w)
+		require.Nil(t, keptArg(w), "a dropped entry kept its callback or argument")
+	}
 }

@@ -392,6 +392,12 @@ func (s *shard) publishNextLocked() {
 
 // dropLocked moves every pending timer of the shard, in the ring or the wheel, to dropped and
 // returns how many it moved. The ring must be closed. Called by Wheel.Stop only.
+//
+// The count includes the timers of live deadline contexts: their callback (expireDeadline) will
+// never run, and the context itself goes on to end at its deadline on a runtime timer instead
+// (deadlineCtx.timerDropped), as the standard library's context it falls back to after Stop
+// would. So Stop's result and Stats.Dropped keep Scheduled == Fired + Stopped + Dropped +
+// Pending, and Lateness.Count() == Fired: that end is not a callback of the wheel.
 func (s *shard) dropLocked() int {
 	end := s.ring.close()
 	for s.head < end {
@@ -426,8 +432,17 @@ func (s *shard) dropLocked() int {
 //     does not take): exactly one of that CAS and the drop's succeeds. A Stop or Reset that comes
 //     later finds the word dropped and reports false without touching them (a Keyed's Move, Set
 //     or Remove after Stop is such a call).
+//
+// The timer of a deadline context is recognised by both its callback and its argument (a
+// caller may pass a context of ours as the argument of a func of its own): the context is told
+// after the entry is cleared, and takes over its own deadline (timerDropped).
 func letGoDropped(e *entry) {
+	c, ok := e.arg.(*deadlineCtx)
+	ctx := ok && isExpireDeadline(e.f)
 	clearEntry(e)
+	if ctx {
+		c.timerDropped()
+	}
 }
 
 // dropFrom moves e from state from (pending, or running for an Every whose series ends) to
