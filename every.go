@@ -135,8 +135,13 @@ func (w *Wheel) endRun(r ref, ev *every, wk *worker, fb *freeBatch) {
 	}
 	if ok, _ := s.send(r.i, gen, opAdd); !ok {
 		// Wheel.Stop closed the ring during the run: the next run will never happen. A Reset
-		// may hold the entry meanwhile; dropFrom waits for it rather than lose the count.
+		// may hold the entry meanwhile; dropFrom waits for it rather than lose the count. A
+		// dropped entry is never freed: it lets go of f and arg here, as dropLocked's do
+		// (letGoDropped), so that the stopped wheel keeps nothing the series' f refers to
+		// (review 29). The drop's CAS is exclusive with the Timer's Stop, the only other
+		// writer; nobody reads them of a dropped entry.
 		if dropFrom(e, stPending) {
+			letGoDropped(e)
 			w.noteDropped(1)
 		}
 		return

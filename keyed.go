@@ -175,9 +175,9 @@ func (k *Keyed[K, V]) Set(key K, value V, d time.Duration) error {
 // has come due but whose fire has not happened yet is still armed: Move re-arms it, and it
 // fires d from now, not before. Move allocates nothing and takes no lock, except for such a key:
 // then it arms a new timer in its place, as Set of an absent key does (it allocates and needs
-// room for one more timer), and if the wheel refuses that timer (after Stop, or past
-// WithMaxPending) Move reports false and changes nothing: the key fires as it would have (or,
-// after Stop, waits for Drain). Move does not block on the wheel.
+// room for one more timer), and if the wheel refuses that timer (after Stop, past
+// WithMaxPending, or with its shard's slab full) Move reports false and changes nothing: the key
+// fires as it would have (or, after Stop, waits for Drain). Move does not block on the wheel.
 func (k *Keyed[K, V]) Move(key K, d time.Duration) bool {
 	a, ok := k.m.Load(key)
 	for ok {
@@ -210,6 +210,9 @@ var (
 // place, d from now, with a's value, and reports moved (the key was re-armed), or retry if a was
 // no longer current by the time of its Compute (b is then stopped, and never fires).
 func (k *Keyed[K, V]) replace(a *keyedTimer[K, V], d time.Duration) (moved, retry bool) {
+	if k.w.closed.Load() {
+		return false, false // every Reset fails after Stop: refuse before allocating
+	}
 	b := &keyedTimer[K, V]{key: a.key, value: a.load(), prev: a}
 	t, err := k.w.AfterFuncArg(d, k.onTimer, b)
 	if err != nil {

@@ -326,7 +326,9 @@ func isClosed(c chan struct{}) bool {
 
 // Stop stops the wheel and returns how many timers were pending and will now never run. Pending
 // timers never fire; callbacks already running, or already handed to the worker pool, run to
-// their end before Stop returns, and every goroutine the wheel started has exited by then.
+// their end before Stop returns, and every goroutine the wheel started has exited by then. A
+// deadline context whose timer Stop dropped is handed to a runtime timer (time.AfterFunc, as
+// context.WithDeadline arms), which ends it at its deadline, after Stop has returned.
 // Safe to call more than once and from several goroutines: later calls wait for the first to
 // finish and return 0, except on a goroutine the first may be waiting for (inside a callback),
 // where they return 0 at once. Called from inside a callback, Stop waits for every other callback
