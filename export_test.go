@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 	"unsafe"
 )
@@ -360,4 +361,19 @@ func (h *Held) Publish() {
 		h.s.scheduled.Inc()
 		h.s.noteDeadline(h.when)
 	}
+}
+
+// WorkerGoroutines counts the goroutines running worker loops of w (goroutine dumps: the loop's
+// receiver is its first argument), for tests that the worker count stays fixed.
+func WorkerGoroutines(w *Wheel) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	return strings.Count(string(buf), fmt.Sprintf("shardwheel.(*Wheel).work(%p", w))
 }

@@ -3,7 +3,6 @@ package shardwheel_test
 import (
 	"fmt"
 	"runtime"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,20 +17,6 @@ import (
 // Advance that it ended lets go of the clock; an Every goes on. Before this, one such callback
 // ended a worker and every callback of its batch after it, and with one worker time stopped.
 
-// wheelWorkers counts the goroutines running worker loops of w.
-func wheelWorkers(w *sw.Wheel) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	return strings.Count(string(buf), fmt.Sprintf("shardwheel.(*Wheel).work(%p", w))
-}
-
 // TestFaultGoexitCallbacks: on the system clock, every fifth callback calls runtime.Goexit. Every
 // callback runs once, the wheel still fires a timer afterwards, it runs as many worker goroutines
 // as before, and Stop accounts for everything.
@@ -42,7 +27,7 @@ func TestFaultGoexitCallbacks(t *testing.T) {
 			require.NoError(t, err)
 			defer w.Stop()
 			want := max(workers, 1) // WithWorkers(0) on the system clock: one, which keeps time
-			require.Eventually(t, func() bool { return wheelWorkers(w) == want }, fltPatience, time.Millisecond)
+			require.Eventually(t, func() bool { return sw.WorkerGoroutines(w) == want }, fltPatience, time.Millisecond)
 
 			const n = 400
 			book := newFltBook(n + 1)
@@ -66,7 +51,7 @@ func TestFaultGoexitCallbacks(t *testing.T) {
 			case <-time.After(fltPatience):
 				t.Fatalf("the wheel stopped keeping time after its callbacks called runtime.Goexit: %+v", w.Stats())
 			}
-			require.Eventually(t, func() bool { return wheelWorkers(w) == want }, fltPatience, time.Millisecond,
+			require.Eventually(t, func() bool { return sw.WorkerGoroutines(w) == want }, fltPatience, time.Millisecond,
 				"worker goroutines: want %d", want)
 
 			require.Equal(t, 0, w.Stop())
@@ -199,7 +184,7 @@ func TestFaultGoexitAfterStopInAdvance(t *testing.T) {
 			case <-time.After(fltPatience):
 				t.Fatal("Stop waits for an Advance that a runtime.Goexit ended")
 			}
-			require.Equal(t, 0, wheelWorkers(w))
+			require.Equal(t, 0, sw.WorkerGoroutines(w))
 		})
 	}
 }
@@ -246,7 +231,7 @@ func TestFaultGoexitInEvery(t *testing.T) {
 		require.NoError(t, err)
 		require.Eventually(t, func() bool { return runs.Load() >= 20 }, fltPatience, time.Millisecond)
 		// A goroutine that is ending may still show beside the one that replaced it.
-		require.Eventually(t, func() bool { return wheelWorkers(w) == 1 }, fltPatience, time.Millisecond)
+		require.Eventually(t, func() bool { return sw.WorkerGoroutines(w) == 1 }, fltPatience, time.Millisecond)
 		require.Equal(t, 1, w.Stop())
 	})
 }

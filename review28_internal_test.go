@@ -1,9 +1,7 @@
 package shardwheel
 
 import (
-	"fmt"
 	"runtime"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -125,20 +123,6 @@ func TestReview28StopOnOnlyWorkerLeavesQueuedCallback(t *testing.T) {
 		"Stop, called from a callback, returned before a callback handed to the worker pool had run")
 }
 
-// review28Workers counts the goroutines running worker loops of w.
-func review28Workers(w *Wheel) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	return strings.Count(string(buf), fmt.Sprintf("shardwheel.(*Wheel).work(%p", w))
-}
-
 // TestReview28GoexitInPanicHandler (pin): a panic handler that calls runtime.Goexit (t.FailNow
 // in a handler) runs inside call's deferred recover (workers.go:264-281). The Goexit still ends
 // only that goroutine: every callback of the batch runs once, each panic is counted, a worker
@@ -173,7 +157,7 @@ func TestReview28GoexitInPanicHandler(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("the wheel stopped keeping time")
 		}
-		require.Eventually(t, func() bool { return review28Workers(w) == 1 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return WorkerGoroutines(w) == 1 }, 5*time.Second, time.Millisecond)
 		require.Equal(t, int32(n/2), handled.Load())
 		require.Equal(t, uint64(n/2), w.Stats().Panics)
 		got := w.Stop()
@@ -255,7 +239,7 @@ func TestReview28GoexitUnderWorkersAdvance(t *testing.T) {
 		"the queued callback runs on the worker that took the place of the one that ended")
 	require.Equal(t, int32(1), goexitRan.Load())
 	require.Zero(t, afterAdvance.Load(), "the Goexit ended the goroutine of the callback that called Advance")
-	require.Eventually(t, func() bool { return review28Workers(w) == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return WorkerGoroutines(w) == 1 }, 5*time.Second, time.Millisecond)
 
 	fired := make(chan struct{})
 	_, err = w.AfterFunc(time.Millisecond, func() { close(fired) })
@@ -268,7 +252,7 @@ func TestReview28GoexitUnderWorkersAdvance(t *testing.T) {
 	}
 	got := w.Stop()
 	require.Zero(t, got)
-	require.Zero(t, review28Workers(w))
+	require.Zero(t, WorkerGoroutines(w))
 	review28Balance(t, w, got)
 }
 
@@ -409,7 +393,7 @@ func TestReview28GoexitStopStorm(t *testing.T) {
 		got := w.Stop()
 		after.Store(true)
 		require.Zero(t, inFlight.Load(), "round %d: a callback was still running when Stop returned", r)
-		require.Eventually(t, func() bool { return review28Workers(w) == 0 }, 5*time.Second, time.Millisecond,
+		require.Eventually(t, func() bool { return WorkerGoroutines(w) == 0 }, 5*time.Second, time.Millisecond,
 			"round %d: a worker goroutine outlived Stop", r)
 		require.Zero(t, late.Load(), "round %d: a callback started after Stop returned", r)
 		review28Balance(t, w, got)
