@@ -111,6 +111,11 @@ type Wheel struct {
 	// advancer): those return at once.
 	closing chan struct{}
 	stopped chan struct{}
+	// stopHandoff: a callback of finishStop's drain on a worker called runtime.Goexit, so the
+	// first Stop never returns; that worker's replacement (work) runs the rest of the queue and
+	// closes stopped as it exits, the last of the workers. Set by the dying goroutine before
+	// it starts the replacement (the go statement orders it); read by the worker that exits.
+	stopHandoff atomic.Bool
 	// rerun: ManualClock.Advance was called from a worker's callback while another goroutine
 	// held advMu; the holder advances again before it lets go (clock.go, advanceManual).
 	rerun atomic.Bool
@@ -419,10 +424,11 @@ func (w *Wheel) dropOwnRuns(self int64) int {
 // callbacks were handed to the pool before Stop, so they run before it returns (review 28).
 // Nothing is queued after quit is closed: producers are refused, a manual advance runs its
 // chunks itself once closing is closed (dispatch), and a worker that advances stops at closed.
-// If one of them calls runtime.Goexit, later Stop calls are still released (the deferred close),
-// and this worker's replacement runs the rest of the queue as it exits.
+// If one of them calls runtime.Goexit, this goroutine ends and the first Stop never returns:
+// the deferred call hands the rest over to this worker's replacement, which runs what is left
+// in the queue and only then, as the last worker to exit, releases later Stop calls (work;
+// review 30), so that they still return only once every callback handed to the pool has run.
 func (w *Wheel) finishStop(self int64) {
-	defer close(w.stopped)
 	close(w.quit)
 	mine := -1
 	for i, done := range w.pool.done {
@@ -433,8 +439,17 @@ func (w *Wheel) finishStop(self int64) {
 		<-done
 	}
 	if mine < 0 {
+		close(w.stopped)
 		return
 	}
+	drained := false
+	defer func() {
+		if drained {
+			close(w.stopped)
+			return
+		}
+		w.stopHandoff.Store(true) // before work's deferred call starts the replacement
+	}()
 	wk := &w.pool.ws[mine]
 	for {
 		select {
@@ -449,6 +464,7 @@ func (w *Wheel) finishStop(self int64) {
 			wk.taken.Add(uint64(c.n))
 			w.runChunk(c, wk)
 		default:
+			drained = true
 			return
 		}
 	}
