@@ -213,9 +213,12 @@ func TestReview28GoexitUnderWorkersAdvance(t *testing.T) {
 	require.NoError(t, err)
 	defer w.Stop()
 	var queuedRan, goexitRan, afterAdvance atomic.Int32
-	outerEnded := make(chan struct{})
+	outerEnded, advanced := make(chan struct{}), make(chan struct{})
 	_, err = w.AfterFunc(0, func() {
 		defer close(outerEnded) // runs as the Goexit unwinds
+		// Once the test's Advance has let go of the clock: else this callback's Advance only
+		// asks it to advance again (rerun) and returns, and nothing runs here.
+		<-advanced
 		_, err := w.AfterFunc(0, func() { queuedRan.Add(1) })
 		if err != nil {
 			panic(err)
@@ -230,6 +233,7 @@ func TestReview28GoexitUnderWorkersAdvance(t *testing.T) {
 	})
 	require.NoError(t, err)
 	clock.Advance(0)
+	close(advanced)
 	select {
 	case <-outerEnded:
 	case <-time.After(5 * time.Second):
