@@ -139,24 +139,23 @@ func (w *Wheel) work(i int) {
 	wk := &w.pool.ws[i]
 	exited := true // until the loop returns: unwinding with it still set is runtime.Goexit
 	defer func() {
-		if exited && isClosed(w.stopped) {
-			// A callback that a Stop on this goroutine ran (from a callback of the batch that
+		switch {
+		case !exited: // the loop returned: quit
+			close(w.pool.done[i])
+			if w.stopHandoff.Load() {
+				close(w.stopped) // finishStop's drain ended in a Goexit: the last worker releases Stop
+			}
+		case isClosed(w.stopped):
+			// A Goexit after a Stop on this goroutine (from a callback of the batch that
 			// runFrom's deferred call runs) finished the shutdown: the queue is empty, and
 			// nothing may start after Stop returned.
 			close(w.pool.done[i])
-			return
-		}
-		if exited {
+		default: // a Goexit: another goroutine takes the worker's place
 			clear(wk.batch)
 			wk.batch = wk.batch[:0]
 			clear(wk.due)
 			wk.due = wk.due[:0]
 			go w.work(i)
-			return
-		}
-		close(w.pool.done[i])
-		if w.stopHandoff.Load() {
-			close(w.stopped) // finishStop's drain ended in a Goexit: the last worker releases Stop
 		}
 	}()
 	w.pool.gids[i].Store(goid())

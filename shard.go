@@ -418,7 +418,9 @@ func (s *shard) dropLocked() int {
 // letGoDropped lets go of the callback and argument of e, which the caller has just moved from
 // pending to dropped, so that the stopped wheel (which lives on as long as anyone holds the
 // *Wheel) keeps nothing they refer to: a context cancelled after Stop, say, with its parents and
-// values. The caller holds s.mu (dropLocked).
+// values. The caller is the one goroutine whose dropFrom succeeded on e: dropLocked, under
+// s.mu, or an Every's endRun, whose re-arm found the ring closed (the entry is in no ring and no
+// bucket, so no drain reaches it; every.go).
 //
 // Why nobody else reads or writes f and arg of this arming from here on, whatever goroutine is
 // paused where:
