@@ -196,8 +196,9 @@ func errOf(code uint32) error {
 //     ended the context after seeing armed, or by the constructor if the end came first (exactly
 //     one of the two, decided by the armed bit against the end CAS).
 //   - prev, next: this context's links in pw's kids list, guarded by pw.mu. Once pw's ender has
-//     taken the list, nobody writes them (removeKid skips a taken kid) and that ender walks next
-//     without the lock.
+//     taken the list, only that ender writes them: it clears prev under the lock (removeKid skips
+//     a taken kid), then walks next without it, clearing each as it goes so that an ended kid
+//     keeps none of its siblings.
 //   - kids, kidsDone: guarded by mu. kidsDone is set by the ender when it takes the list, which
 //     only an ender whose CAS saw the linked bit does; if none did, kidsDone stays false and a
 //     later addKid or gate.AfterFunc learns of the end from its own Or of the linked bit.
@@ -400,6 +401,7 @@ func (c *deadlineCtx) end(code uint32) {
 		}
 		for k := kids; k != nil; {
 			next := k.next
+			k.next = nil // an ended kid a caller keeps must not keep its older siblings
 			k.end(fromParent(code))
 			k = next
 		}
