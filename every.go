@@ -108,9 +108,10 @@ func (w *Wheel) endRun(r ref, ev *every, wk *worker, fb *freeBatch) {
 		// re-arming would run the series forever inside one Advance. The series ends here, and
 		// its next run, counted as scheduled when this run began, is taken back: it will never
 		// be, and it was not pending at any Stop. Unless a Stop (the Timer's, or the wheel's)
-		// got to the entry first and counted it.
+		// got to the entry first and counted it (and gave its WithMaxPending place back).
 		if dropFrom(e, stRunning) {
 			s.scheduled.Dec()
+			s.releasePending(1) // the place the series held is free again (review 33)
 		}
 		fb.add(&s.slab, r.i, e)
 		return

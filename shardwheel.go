@@ -283,7 +283,7 @@ type Stats struct {
 	Panics    uint64 // callbacks that panicked
 	Dropped   uint64 // timers pending at Wheel.Stop, which never run (the sum of what Stop returned)
 	Shards    int    // number of shards
-	Workers   int    // number of worker goroutines
+	Workers   int    // number of worker goroutines (one with WithWorkers(0) on the system clock)
 	Queued    int    // callbacks handed to the worker pool and not yet started
 	// HeldBytes is the memory the wheel holds for timers: entry chunks in use, or kept for
 	// reuse until the slab gives them back after a quiet spell (see trim.go).
@@ -305,7 +305,7 @@ func (w *Wheel) Stats() Stats {
 		Panics:   uint64(w.panics.Value()),
 		Dropped:  uint64(w.dropped.Value()),
 		Shards:   len(w.shards),
-		Workers:  w.opts.workers,
+		Workers:  len(w.pool.done),
 	}
 	st.HeldBytes = w.heldBytes()
 	for _, s := range w.shards {
