@@ -206,8 +206,7 @@ func (w *Wheel) runTask(wk *worker, c *chunk) {
 		w.advanceShard(wk, s, now, true)
 		return
 	}
-	wk.taken.Add(uint64(c.n))
-	w.runChunk(c, wk)
+	w.runChunk(c, wk, true)
 }
 
 // keep is the keeper's loop; the caller holds the role (w.keeper). It returns having let go of

@@ -461,8 +461,7 @@ func (w *Wheel) finishStop(self int64) {
 				chunkPool.Put(c)
 				continue
 			}
-			wk.taken.Add(uint64(c.n))
-			w.runChunk(c, wk)
+			w.runChunk(c, wk, true)
 		default:
 			drained = true
 			return

@@ -36,7 +36,7 @@ type pool struct {
 type worker struct {
 	fired  paddedCounter   // callbacks started
 	pushed atomic.Uint64   // callbacks this goroutine put in the queue
-	taken  atomic.Uint64   // callbacks this goroutine took from the queue
+	taken  atomic.Uint64   // callbacks of chunks from the queue that this goroutine started or found stopped
 	late   atomicHistogram // how late each callback started; written by the worker, read by Stats
 
 	due   []*shard // the shards the keeper claimed; owned by the worker
@@ -44,8 +44,11 @@ type worker struct {
 	// run is the entry of the Every whose run is in progress in this slot (runPeriodic to
 	// endRun), for a Stop called from its f (dropOwnRuns). Written and read only by the
 	// goroutine that runs the slot's callbacks: the worker, or the manual advancer for the last.
-	run   *entry
-	timer *time.Timer // the keeper's sleep, made on first use; owned by the worker
+	run *entry
+	// stride is lateClock's stride at the end of the slot's last batch on the system clock, where
+	// the next batch starts from it. Owned like run; a manual clock never uses it.
+	stride int
+	timer  *time.Timer // the keeper's sleep, made on first use; owned by the worker
 	// watch is the watchdog releaseLater arms (expiry.go), made on first use; whether it is
 	// armed is what its Stop reports (unwatch). Owned by the worker: each worker arms and stops
 	// only its own, so one that went off and handed the role over is never confused with the
@@ -98,7 +101,8 @@ func (w *Wheel) isWorker(g int64) bool {
 // other is the counters' slot of goroutines other than the workers.
 func (p *pool) other() *worker { return &p.ws[len(p.ws)-1] }
 
-// totals sums the counters of every slot: callbacks started, queued and not yet taken, and the
+// totals sums the counters of every slot: callbacks started, queued and not yet started (a
+// chunk's entries leave Queued one at a time, as the worker that took it comes to each), and the
 // lateness histogram.
 func (p *pool) totals() (fired uint64, queued int, late Histogram) {
 	var pushed, taken uint64
@@ -160,12 +164,12 @@ func (w *Wheel) dispatch(batch []ref, onWorker bool) {
 		next = min(i+per, len(batch))
 		c := newChunk(batch[i:next])
 		if isClosed(w.closing) {
-			w.runChunk(c, other)
+			w.runChunk(c, other, false)
 			continue
 		}
 		if !wait {
 			if !w.offer(other, c) {
-				w.runChunk(c, other)
+				w.runChunk(c, other, false)
 			}
 			continue
 		}
@@ -174,7 +178,7 @@ func (w *Wheel) dispatch(batch []ref, onWorker bool) {
 		case w.pool.queue <- c:
 			other.pushed.Add(n)
 		case <-w.closing:
-			w.runChunk(c, other)
+			w.runChunk(c, other, false)
 		}
 	}
 }
@@ -187,22 +191,27 @@ func newChunk(refs []ref) *chunk {
 }
 
 // runChunk runs the entries of a chunk on worker slot wk and returns the chunk to its pool.
-func (w *Wheel) runChunk(c *chunk, wk *worker) {
-	w.runRefs(c.es[:c.n], wk)
+// queued says that the chunk came from the queue (a worker took it): each entry then leaves
+// Stats.Queued as it starts (wk.taken), not when the chunk was taken (review 33).
+func (w *Wheel) runChunk(c *chunk, wk *worker, queued bool) {
+	if c.n > 0 {
+		var fb freeBatch
+		w.runFrom(c.es[:c.n], wk, queued, &fb)
+		fb.flush()
+	}
 	clear(c.es[:c.n])
 	c.n = 0
 	chunkPool.Put(c)
 }
 
-// runRefs runs fired entries in order and returns the ones it frees to their slabs together. It
-// reads the clock once, for the lateness of the whole batch (and not at all for an empty one: an
-// advance step that only drained the ring fires nothing).
+// runRefs runs fired entries that were not queued in order, and returns the ones it frees to
+// their slabs together.
 func (w *Wheel) runRefs(refs []ref, wk *worker) {
 	if len(refs) == 0 {
 		return
 	}
 	var fb freeBatch
-	w.runFrom(refs, wk, w.nanos(), &fb)
+	w.runFrom(refs, wk, false, &fb)
 	fb.flush()
 }
 
@@ -214,17 +223,73 @@ func (w *Wheel) runRefs(refs []ref, wk *worker) {
 // recovers it. What else the goroutine held is made safe further up: a worker is replaced (work),
 // an Advance lets go of the clock (advanceManual), an Every's run re-arms (runPeriodic), and a
 // shard or the keeper role are never held while callbacks run (claimRunning, keep).
-func (w *Wheel) runFrom(refs []ref, wk *worker, now int64, fb *freeBatch) {
+//
+// queued: refs came in a chunk from the queue, and each leaves Stats.Queued (wk.taken) as it is
+// come to. Lateness is read on the clock as callbacks start (lateClock), so that a slow
+// callback's delay of those after it shows in Stats.Lateness (review 33).
+func (w *Wheel) runFrom(refs []ref, wk *worker, queued bool, fb *freeBatch) {
 	i := 0
 	defer func() {
 		if i < len(refs) { // refs[i]'s callback called runtime.Goexit
-			w.runFrom(refs[i+1:], wk, now, fb)
+			w.runFrom(refs[i+1:], wk, queued, fb)
 			fb.flush()
 		}
 	}()
+	lc := lateClock{w: w, stride: wk.stride}
 	for ; i < len(refs); i++ {
-		w.runEntry(refs[i], wk, now, fb)
+		if queued {
+			wk.taken.Inc()
+		}
+		w.runEntry(refs[i], wk, &lc, fb)
 	}
+	if w.manual == nil {
+		wk.stride = lc.stride
+	}
+}
+
+// lateClock is the reading of the clock that runFrom's callbacks are counted late against (it
+// lives on runFrom's stack, owned by its goroutine). A reading costs about 40 ns on the machine
+// of BENCHMARKS.md, where firing a callback costs about 70: one per callback made the fire phase
+// 60% slower. So a reading is shared by a stride of callbacks that start one after another, and
+// the stride adapts: it is 1 after any stride whose callbacks took lateQuick or more each on
+// average, and it doubles, up to lateStride, after a stride of quicker ones. A batch starts with
+// a reading, at the stride its slot's last batch ended with (1 for a new worker). Slow callbacks
+// are read before each start; a flood of quick ones about once per lateStride. A callback's lateness is read at most the run time of the
+// lateStride-1 callbacks before it early: a slow callback among quick ones delays those after
+// it in its stride without showing, and the next reading shows it. A manual clock is read on
+// each start (a load).
+type lateClock struct {
+	w      *Wheel
+	now    int64 // the reading, once read is set
+	read   bool
+	stride int // starts that share a reading
+	left   int // starts that may still use now
+}
+
+const (
+	lateStride = 16
+	lateQuick  = int64(time.Microsecond)
+)
+
+// start returns the reading for a callback that starts now.
+func (c *lateClock) start() int64 {
+	if c.left > 0 {
+		c.left--
+		return c.now
+	}
+	now := c.w.nanos()
+	switch {
+	case c.w.manual != nil:
+		c.stride = 1
+	case !c.read: // the batch's first: the stride its slot's last batch ended with
+		c.stride = max(c.stride, 1)
+	case now-c.now >= int64(c.stride)*lateQuick:
+		c.stride = 1
+	default:
+		c.stride = min(2*c.stride, lateStride)
+	}
+	c.now, c.read, c.left = now, true, c.stride-1
+	return now
 }
 
 // lateness returns how late a callback starting at reading now is, as Stats.Lateness counts it:
@@ -238,8 +303,8 @@ func (w *Wheel) lateness(now, when int64) time.Duration {
 // runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry is freed
 // into fb before its callback starts (fb returns it to its slab after the chunk); a periodic one
 // stays until its run is over (every.go). The start is counted in wk, with its lateness against
-// the clock reading now.
-func (w *Wheel) runEntry(r ref, wk *worker, now int64, fb *freeBatch) {
+// lc's reading of the clock.
+func (w *Wheel) runEntry(r ref, wk *worker, lc *lateClock, fb *freeBatch) {
 	e := r.e
 	ev, periodic := e.arg.(*every) // a periodic entry has an *every as its argument (timer.go)
 	when := e.when.Load()          // the entry is firing: only a Reset's failed attempt may race
@@ -251,7 +316,7 @@ func (w *Wheel) runEntry(r ref, wk *worker, now int64, fb *freeBatch) {
 			return
 		case periodic:
 			if e.state.CompareAndSwap(s, withState(s, stRunning)) {
-				wk.late.observe(w.lateness(now, when))
+				wk.late.observe(w.lateness(lc.start(), when))
 				w.runPeriodic(r, ev, wk, fb)
 				return
 			}
@@ -260,7 +325,7 @@ func (w *Wheel) runEntry(r ref, wk *worker, now int64, fb *freeBatch) {
 			if e.state.CompareAndSwap(s, withState(s, stFree)) {
 				fb.add(&r.s.slab, r.i, e)
 				wk.fired.n.Inc()
-				wk.late.observe(w.lateness(now, when))
+				wk.late.observe(w.lateness(lc.start(), when))
 				r.s.releasePending(1) // to the timer's shard: WithMaxPending is striped (pending.go)
 				w.call(f, arg)
 				return
