@@ -41,9 +41,15 @@ func (h Histogram) Quantile(q float64) time.Duration {
 		return 0
 	}
 	q = min(max(q, 0), 1)
-	// rank is the 1-based position of the quantile among the n sorted durations: at least 1,
-	// so that Quantile(0) is the smallest counted duration's bucket.
-	rank := uint64(math.Ceil(q * float64(n)))
+	// rank is the 1-based position of the quantile among the n sorted durations, ceil(q*n): at
+	// least 1, so that Quantile(0) is the smallest counted duration's bucket. q*n is a product of
+	// floats: 0.55*100 is 55.00000000000001, whose ceiling would be one rank too far (review 31),
+	// so a product within rounding of a whole number is that number.
+	x := q * float64(n)
+	rank := uint64(math.Ceil(x))
+	if r := math.Round(x); math.Abs(x-r) <= 1e-9*max(x, 1) {
+		rank = uint64(r)
+	}
 	rank = min(max(rank, 1), n)
 	var seen uint64
 	for i, c := range h.Buckets {
