@@ -14,7 +14,7 @@ import (
 // armOn is schedule on shard k (internal tests): the tests choose the shard instead of the P's token.
 func armOn(t *testing.T, w *Wheel, k int, d time.Duration, f func(any), arg any) Timer {
 	s := w.shards[k]
-	i, e, gen := s.slab.newEntry()
+	i, e, gen := s.slab.newEntry(false)
 	if e == nil {
 		t.Fatal("slab full")
 	}

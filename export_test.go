@@ -248,7 +248,7 @@ func (w *Wheel) ArmHeld(d time.Duration, f func(any), arg any) *Held {
 	if s.limited && !s.reservePending() {
 		panic("ArmHeld: WithMaxPending")
 	}
-	i, e, gen := s.slab.newEntry()
+	i, e, gen := s.slab.newEntry(false)
 	if e == nil {
 		panic("ArmHeld: slab full")
 	}

@@ -192,14 +192,18 @@ func (sl *slab) grow() (i uint32, e *entry, full bool) {
 	return first, &c[first&slabChunkMask], false
 }
 
-// newEntry takes an entry from the shard's slab and arms it (gen+1, pending). The caller owns it
-// until it publishes it with an add command. A nil entry means the slab is full.
-func (sl *slab) newEntry() (uint32, *entry, uint64) {
+// newEntry takes an entry from the shard's slab and arms it (gen+1, pending, periodic for an
+// Every's). The caller owns it until it publishes it with an add command. A nil entry means the
+// slab is full.
+func (sl *slab) newEntry(periodic bool) (uint32, *entry, uint64) {
 	i, e := sl.alloc()
 	if e == nil {
 		return 0, nil, 0
 	}
 	w := nextArming(e.state.Load())
+	if periodic {
+		w |= periodicBit
+	}
 	e.state.Store(w)
 	return i, e, genOf(w)
 }

@@ -236,7 +236,7 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 	if s.limited && !s.reservePending() { // on the shard line this arm writes anyway
 		return w.reject(errMaxPending{w.opts.maxPending})
 	}
-	i, e, gen := s.slab.newEntry()
+	i, e, gen := s.slab.newEntry(f == nil) // only an Every arms a nil f (its arg runs it)
 	if e == nil {
 		s.releasePending(1)
 		return w.reject(slabFull())

@@ -11,9 +11,12 @@ import (
 // CAS that also proves the caller holds the current generation:
 //
 //	bits  0..3   state    (free, pending, firing, running, stopped, dropped, resetting, parked,
-//	                      stopping)
+//	                      stopping, letting go, passed)
 //	bit   4      queued   the arming's add command is in the ring: the shard has not taken it
-//	bits  5..25  version  bumped by every successful Reset (21 bits)
+//	bit   5      periodic the arming is an Every's: set by the producer with the gen, kept by
+//	                      every transition, so that the worker tells a one-shot from a run
+//	                      without reading f or arg (which a Stop may be clearing)
+//	bits  6..25  version  bumped by every successful Reset (20 bits)
 //	bits 26..63  gen      bumped each time the entry is taken from its slab (38 bits)
 //
 // A Timer remembers the gen it was armed with; any word with another gen belongs to a later
@@ -58,8 +61,15 @@ import (
 //	                    stopped and sends a cancel, as for an entry that was never queued.
 //	pending -> firing   the shard, when the deadline is due; the entry leaves the wheel
 //	pending -> dropped  Wheel.Stop; nobody frees the entry, the wheel is garbage
-//	firing  -> stopped  Timer.Stop (the callback has not started); the worker frees the entry
-//	firing  -> free     the worker, just before a one-shot callback starts
+//	firing  -> letting go  Timer.Stop (the callback has not started): it lets go of the
+//	letting go -> stopped  callback (clearEntry), then moves on with a CAS; the worker, coming to
+//	                    the entry, frees it as any stopped one (review 32: a Stop that reported
+//	                    true kept the callback reachable until the worker came to the entry)
+//	letting go -> passed   the worker, which came to the entry between the Stop's two steps: it
+//	passed  -> stopped  leaves the entry, and the Stop, whose CAS then fails, stores stopped and
+//	                    frees it. Nobody else moves either word, and a handle finds both over.
+//	firing  -> free     the worker, just before a one-shot callback starts; it reads f and arg
+//	                    only after this CAS, which no Stop can follow
 //	firing  -> running  the worker, just before a periodic (Every) callback starts
 //	running -> stopped  Timer.Stop during a periodic run; the worker frees the entry after it
 //	running -> pending  the worker, re-arming a periodic timer after its run (queued)
@@ -73,12 +83,15 @@ const (
 	stResetting
 	stParked   // resetting, and parked by the shard: the Reset must send its command (see above)
 	stStopping // a Stop of a queued entry, between its two steps (see above)
+	stLetGo    // a Stop of a firing entry, letting go of its callback (see above)
+	stPassed   // a letting-go entry that the worker came to and left to the Stop to free
 
 	stateBits    = 4
 	stateMask    = 1<<stateBits - 1
 	queuedBit    = 1 << stateBits
-	versionShift = stateBits + 1
-	versionBits  = 21
+	periodicBit  = 1 << (stateBits + 1)
+	versionShift = stateBits + 2
+	versionBits  = 20
 	versionOne   = 1 << versionShift
 	versionMask  = (1<<versionBits - 1) << versionShift
 	genShift     = versionShift + versionBits
@@ -90,6 +103,7 @@ func isGen(w, gen uint64) bool      { return genOf(w) == gen }
 func isState(w, s uint64) bool      { return stateOf(w) == s }
 func isHeld(w uint64) bool          { return isState(w, stResetting) || isState(w, stParked) }
 func isQueued(w uint64) bool        { return w&queuedBit != 0 }
+func isPeriodic(w uint64) bool      { return w&periodicBit != 0 }
 func withState(w, s uint64) uint64  { return w&^stateMask | s }
 func bumpVersion(w uint64) uint64   { return w&^versionMask | (w+versionOne)&versionMask }
 func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | queuedBit | stPending }
@@ -104,8 +118,8 @@ func nextArming(prev uint64) uint64 { return (genOf(prev)+1)<<genShift | queuedB
 //     the free stack's link instead (pool.go).
 //   - f, arg: written by the producer before the entry is published through the ring (the ring's
 //     sequence store orders them), read by the worker that runs it; immutable between, until
-//     cleared by the Stop that moves the entry from pending to stopped (see Stop) or by whoever
-//     frees it. A periodic entry (Every) has f nil and an *every as arg.
+//     cleared by the Stop that moves the entry from pending or firing (see Stop) or by whoever
+//     frees it. A periodic entry (Every) has f nil, an *every as arg, and the periodic bit.
 //   - next, prev: the entry's links in its bucket lane (wheel.go), by slab index; owned by the
 //     shard goroutine (whoever holds shard.mu). prev is 0 exactly when the entry is not linked.
 //
@@ -166,8 +180,11 @@ func (t Timer) Stop() bool {
 			runtime.Gosched() // a Reset holds the entry for two stores
 		case stPending, stFiring, stRunning:
 			to := stStopped
-			if isQueued(w) {
+			switch {
+			case isQueued(w):
 				to = stStopping // pending, and its add is still in the ring: see stopQueued
+			case isState(w, stFiring):
+				to = stLetGo // dispatched, not started: see stopFiring
 			}
 			if !e.state.CompareAndSwap(w, withState(w, to)) {
 				continue // the word moved on: look again
@@ -177,6 +194,8 @@ func (t Timer) Stop() bool {
 			switch {
 			case isQueued(w):
 				t.stopQueued(e, w)
+			case isState(w, stFiring):
+				t.stopFiring(e, w)
 			case isState(w, stPending):
 				// Let go of the callback now, not when the shard gets to the command below
 				// (on a quiet shard, that may be the timer's deadline). No other goroutine
@@ -185,16 +204,16 @@ func (t Timer) Stop() bool {
 				// moves it to firing, which our CAS rules out; the worker that re-armed an
 				// Every read them before its CAS to pending, which ours read); and the entry is
 				// freed, and so written by a next producer, only when the shard takes this
-				// command, which the ring orders after these writes. From firing or running,
-				// the worker still reads them: it frees the entry itself, without delay.
+				// command, which the ring orders after these writes. (From firing, stopFiring
+				// lets go of them; from running, the run in progress holds them until it ends.)
 				clearEntry(e)
 				// The shard took the add, so the entry is in the wheel; the shard unlinks and
 				// frees it when it takes this command. If the ring was closed by Wheel.Stop,
 				// nobody needs it.
 				t.s.send(t.i, t.gen, opCancel)
 			}
-			// firing: dispatched, not started; the worker sees stopped and frees the entry.
-			// running: a periodic run is in progress; the worker will not re-arm it.
+			// running: a periodic run is in progress; the worker will not re-arm it, and
+			// frees the entry when the run is over.
 			return true
 		default:
 			return false
@@ -222,6 +241,26 @@ func (t Timer) stopQueued(e *entry, w uint64) {
 	}
 	e.state.Store(withState(w&^queuedBit, stStopped)) // 3.
 	t.s.send(t.i, t.gen, opCancel)
+}
+
+// stopFiring is the rest of a Stop that moved a firing entry from word w to letting go: the shard
+// has handed it to a worker (or to an advancer) that has not started its callback.
+//  1. Let go of the callback. While the entry is letting go nobody else reads f or arg: the
+//     worker reads them only after its CAS from firing, which ours ruled out.
+//  2. Hand the entry to the worker (stopped): coming to it, the worker frees it, and this CAS
+//     orders step 1 before that free.
+//  3. Paused between 1 and 2, the entry waits letting go; a worker that comes to it meanwhile
+//     moves it to passed and leaves it (it does not wait for us), so the CAS of 2 fails. Then
+//     the entry is ours alone: store stopped, as any stopped entry's word, and free it.
+func (t Timer) stopFiring(e *entry, w uint64) {
+	clearEntry(e) // 1.
+	if e.state.CompareAndSwap(withState(w, stLetGo), withState(w, stStopped)) {
+		return // 2.
+	}
+	e.state.Store(withState(w, stStopped)) // 3.
+	var fb freeBatch
+	fb.add(&t.s.slab, t.i, e)
+	fb.flush()
 }
 
 // Reset re-arms a pending timer to fire d from now and reports true. If the timer has fired, is

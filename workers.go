@@ -303,26 +303,32 @@ func (w *Wheel) lateness(now, when int64) time.Duration {
 // runEntry starts an entry's callback unless a Stop got to it first. A one-shot entry is freed
 // into fb before its callback starts (fb returns it to its slab after the chunk); a periodic one
 // stays until its run is over (every.go). The start is counted in wk, with its lateness against
-// lc's reading of the clock.
+// lc's reading of the clock. f and arg are read only after the CAS that starts the callback: a
+// Stop before it may be clearing them (Timer.stopFiring).
 func (w *Wheel) runEntry(r ref, wk *worker, lc *lateClock, fb *freeBatch) {
 	e := r.e
-	ev, periodic := e.arg.(*every) // a periodic entry has an *every as its argument (timer.go)
-	when := e.when.Load()          // the entry is firing: only a Reset's failed attempt may race
+	when := e.when.Load() // the entry is firing: only a Reset's failed attempt may race
 	for {
 		s := e.state.Load()
 		switch {
 		case isState(s, stStopped):
 			fb.add(&r.s.slab, r.i, e) // the Stop that got here counted itself; no command refers to e
 			return
-		case periodic:
-			if e.state.CompareAndSwap(s, withState(s, stRunning)) {
-				wk.late.observe(w.lateness(lc.start(), when))
-				w.runPeriodic(r, ev, wk, fb)
+		case isState(s, stLetGo):
+			// A Stop is letting go of the callback: leave the entry to it (it frees it) rather
+			// than wait for it, unless it moved on to stopped meanwhile (then look again).
+			if e.state.CompareAndSwap(s, withState(s, stPassed)) {
 				return
 			}
-		default:
-			f, arg := e.f, e.arg
+		case isPeriodic(s):
+			if e.state.CompareAndSwap(s, withState(s, stRunning)) {
+				wk.late.observe(w.lateness(lc.start(), when))
+				w.runPeriodic(r, e.arg.(*every), wk, fb)
+				return
+			}
+		default: // firing
 			if e.state.CompareAndSwap(s, withState(s, stFree)) {
+				f, arg := e.f, e.arg
 				fb.add(&r.s.slab, r.i, e)
 				wk.fired.n.Inc()
 				wk.late.observe(w.lateness(lc.start(), when))
