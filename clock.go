@@ -58,14 +58,15 @@ func (c *ManualClock) isClock() {}
 
 // Advance moves the clock forward by d and, before it returns, dispatches every timer of every
 // wheel on this clock whose deadline is at or before the new time, in order of deadline rounded
-// up to the tick (ties in any order). With WithWorkers(0) those callbacks have also run, on this
-// goroutine. Advance(0) dispatches timers that are already due (d <= 0). A jump of years costs
+// up to the tick (ties in any order), across wheels too: each round takes the earliest instant
+// any wheel has due, and gives every wheel due by then its round. With WithWorkers(0) those
+// callbacks have also run, on this goroutine. Advance(0) dispatches timers that are already due (d <= 0). A jump of years costs
 // one step per non-empty bucket, not per tick. The clock saturates at math.MaxInt64 nanoseconds
 // past its start, the end of time, where every timer is due.
 //
 // Advance panics if d is negative: time does not go backwards. Called from a callback while
-// another Advance of the wheel is in progress, it moves the clock and returns at once; the
-// Advance in progress goes on to the new time before it returns. A timer armed with d <= 0 by a
+// another Advance of the wheel (or of another wheel on this clock) is in progress, it moves the
+// clock and returns at once; the Advance in progress goes on to the new time before it returns. A timer armed with d <= 0 by a
 // callback of this Advance is due at the clock's new time: it fires in this Advance if the
 // callback ran in a round at an earlier instant, and at the next Advance if it ran in the round
 // at the new time (else a callback that re-arms itself would keep Advance from returning).
@@ -79,12 +80,81 @@ func (c *ManualClock) Advance(d time.Duration) {
 			break
 		}
 	}
+	self := goid()
 	c.mu.Lock()
 	ws := append([]*Wheel(nil), c.wheels...)
 	c.mu.Unlock()
 	for _, w := range ws {
-		w.advanceManual()
+		if w.advancer.Load() == self {
+			// A callback that an advance on this goroutine runs: that advance (and the rounds
+			// it is part of) re-reads the clock and goes on to the new time before it returns.
+			return
+		}
 	}
+	if len(ws) == 1 {
+		ws[0].advanceManual(never, self)
+		return
+	}
+	c.rounds(ws, self)
+}
+
+// rounds advances several wheels on this clock in rounds, so that their timers fire in order of
+// deadline across wheels (review 33: advanced one after another, a wheel's later timers ran
+// before another's earlier ones, and a timer that a later wheel's callback armed at once on an
+// earlier wheel waited for the next Advance). Each round reads the clock (T) and each wheel's
+// next round instant (nextRound, on the clock's scale), takes the earliest (R), and advances
+// every wheel due by R to R (advanceManual's limit). As within one wheel, a round never takes
+// the instant of the round before it again unless the clock moved since: what is due there then
+// was armed at once by the round's own callbacks, and waits for the next Advance.
+func (c *ManualClock) rounds(ws []*Wheel, self int64) {
+	lastR, lastT := int64(-1), int64(-1)
+	for {
+		t := c.elapsed.Load()
+		r, due := int64(never), false
+		for _, w := range ws {
+			if x, ok := w.nextRound(); ok && x <= r {
+				r, due = x, true
+			}
+		}
+		if !due || r == lastR && t == lastT {
+			return
+		}
+		lastR, lastT = r, t
+		for _, w := range ws {
+			if x, ok := w.nextRound(); ok && x <= r {
+				w.advanceManual(r, self)
+			}
+		}
+	}
+}
+
+// nextRound returns the instant, on its manual clock's scale (nanoseconds since the clock's
+// start), of the wheel's next round of advance (advance: its earliest next rounded up to the
+// tick, or the clock's time if that is sooner), and false if nothing is due by the clock's time
+// or the wheel is stopped.
+func (w *Wheel) nextRound() (int64, bool) {
+	if w.closed.Load() {
+		return 0, false
+	}
+	now, m := w.nanos(), w.minNext()
+	if m > now || m == never {
+		return 0, false
+	}
+	return satAddNanos(min(now, w.ceil(m)), w.manualBase), true
+}
+
+// inCallback reports whether goroutine g may be running a callback of a wheel on this clock, as
+// one of its workers: an Advance there must not wait for another wheel's advMu, whose holder may
+// be waiting for room in the queue that g's wheel's workers empty, or for g itself.
+func (c *ManualClock) inCallback(g int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.wheels {
+		if w.isWorker(g) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *ManualClock) attach(w *Wheel) {
@@ -144,21 +214,23 @@ func satAddNanos(a, b int64) int64 {
 	return a + b
 }
 
-// advanceManual advances the wheel to its manual clock's time. A call from inside the running
-// advance of this wheel (a callback that calls Advance) returns at once: the running advance
-// re-reads the clock before it stops.
+// advanceManual advances the wheel to its manual clock's time, or to limit (an instant on the
+// clock's scale) if that is sooner: rounds gives each wheel its rounds one instant at a time.
+// self is the calling goroutine. A call from inside the running advance of this wheel (a
+// callback that calls Advance) returns at once: the running advance re-reads the clock before
+// it stops.
 //
-// A call from a worker's callback while another goroutine advances must not wait for advMu
-// either: that advance may be blocked handing a batch to the very worker (Block policy). It sets
-// rerun and returns; whoever holds advMu advances again before it lets go, and after letting go
-// takes advMu back if rerun was set meanwhile (if TryLock fails, the new holder sees rerun).
-func (w *Wheel) advanceManual() {
-	self := goid()
+// A call from a worker's callback (of any wheel on the clock) while another goroutine advances
+// must not wait for advMu either: that advance may be blocked handing a batch to the very worker
+// (Block policy), or to a worker that waits for this one. It sets rerun and returns; whoever
+// holds advMu advances again before it lets go, and after letting go takes advMu back if rerun
+// was set meanwhile (if TryLock fails, the new holder sees rerun).
+func (w *Wheel) advanceManual(limit, self int64) {
 	if !w.advMu.TryLock() {
 		if w.advancer.Load() == self {
 			return
 		}
-		if w.isWorker(self) {
+		if w.manual.inCallback(self) {
 			w.rerun.Store(true)
 			if !w.advMu.TryLock() {
 				return // the holder sees rerun before it lets go, or after (below)
@@ -184,7 +256,7 @@ func (w *Wheel) advanceManual() {
 		w.advancer.Store(0)
 		w.advMu.Unlock()
 		if w.rerun.Load() && !w.closed.Load() {
-			w.advanceManual()
+			w.advanceManual(limit, self)
 		}
 	}()
 	onWorker := w.isWorker(self)
@@ -192,7 +264,7 @@ func (w *Wheel) advanceManual() {
 		w.rerun.Store(false)
 		if !w.closed.Load() {
 			w.advancer.Store(self)
-			w.advance(onWorker)
+			w.advance(onWorker, limit)
 			w.trimIdle(w.nanos()) // issue 11: give idle chunks back (trim.go)
 			w.advancer.Store(0)
 		}
@@ -224,11 +296,15 @@ func (w *Wheel) advanceManual() {
 // next Advance, so that a callback that re-arms itself at once cannot keep Advance from
 // returning. A shard kicked by a late publish (next set to 0) gets its drain round in between.
 // onWorker says that the caller is one of the wheel's workers (Advance from a callback), which
-// must never wait for room in the queue that it alone may be there to empty (dispatch).
-func (w *Wheel) advance(onWorker bool) {
+// must never wait for room in the queue that it alone may be there to empty (dispatch). No
+// round goes past limit, an instant on the clock's scale (never: no limit).
+func (w *Wheel) advance(onWorker bool, limit int64) {
 	lastNow, lastM := int64(-1), int64(-1)
 	for {
 		now := w.nanos()
+		if limit != never {
+			now = min(now, limit-w.manualBase)
+		}
 		m := w.minNext()
 		if m > now || m == lastM && now == lastNow {
 			return
