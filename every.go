@@ -24,8 +24,8 @@ type every struct {
 	// current run is due at: Every's reading plus the interval for the first run, and then whole
 	// intervals later (the fixed rate), unless a Reset moved the run (see runPeriodic).
 	due int64
-	// when is the deadline runPeriodic armed the current run for; 0 for the first run, which
-	// schedule arms from its own reading of the clock.
+	// when is the deadline the current run was armed for: by schedule, from its own reading of
+	// the clock, for the first run (before the add publishes the entry), then by runPeriodic.
 	when int64
 	// version is the version of the state word when the current run was armed (a new arming
 	// starts at 0); a Reset bumps it.
@@ -88,7 +88,7 @@ func (w *Wheel) runPeriodic(r ref, ev *every, wk *worker, fb *freeBatch) {
 	if !w.closed.Load() || !dropFrom(e, stRunning) {
 		s.scheduled.Inc()
 	}
-	if when := e.when.Load(); e.state.Load()&versionMask != ev.version || ev.when != 0 && when != ev.when {
+	if when := e.when.Load(); e.state.Load()&versionMask != ev.version || when != ev.when {
 		ev.due = when // 1. a Reset moved this run
 	}
 	wk.run = e

@@ -24,7 +24,9 @@ import (
 //   - the shard, when it takes the cancel command of a timer stopped while pending;
 //   - the worker, for a one-shot callback it is about to start, a timer stopped while it waited
 //     in the worker queue, or a periodic series that ended during its run; each goes into the
-//     chunk's freeBatch and returns to its slab after the chunk.
+//     chunk's freeBatch and returns to its slab after the chunk;
+//   - the Timer.Stop of a fired timer whose worker came to the entry while the Stop was letting
+//     go of its callback (stopFiring: the worker passed it on).
 //
 // Each is the single owner of the entry at that moment (timer.go's table), so an entry is never
 // freed twice. An entry's gen survives freeing: arming bumps it, which makes every Timer that

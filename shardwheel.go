@@ -245,6 +245,12 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 	now := w.nanos()
 	when := w.deadlineFrom(now, d)
 	e.when.Store(when)
+	if f == nil {
+		// An Every's first run: the deadline it is armed for, by which runPeriodic tells that a
+		// Reset moved it even when 2^20 Resets brought the version round again (review 34).
+		// Written before the add, which publishes it with the entry.
+		arg.(*every).when = when
+	}
 	ok, contended := s.send(i, gen, opAdd)
 	if contended {
 		w.noteContention(s) // another P may share this shard: see picker
@@ -290,7 +296,9 @@ type Stats struct {
 	HeldBytes int64
 	// Lateness counts how late each callback started, against its deadline rounded up to the
 	// tick: every start once (each run of an Every, each context deadline, each Keyed fire), so
-	// that once the wheel is quiet Lateness.Count() == Fired.
+	// that once the wheel is quiet Lateness.Count() == Fired. On the system clock a reading of
+	// the clock may serve up to 16 quick callbacks that start one after another, so the delay a
+	// slow callback causes may be missed in up to 15 of those after it (see README).
 	Lateness Histogram
 }
 
