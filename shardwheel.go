@@ -197,7 +197,10 @@ func New(opts ...Option) (*Wheel, error) {
 // It never runs f early: not before the moment of the call plus d, on the monotonic clock.
 // d <= 0 runs f as soon as possible; any d up to math.MaxInt64 is accepted. It returns ErrNilFunc
 // if f is nil, ErrClosed after Stop, ErrTooManyTimers past WithMaxPending (or when the caller's
-// shard holds 2^31-1 timers, 96 GiB of them); nothing is scheduled then. It does not block.
+// shard holds 2^31-1 timers, 96 GiB of them); nothing is scheduled then. It does not wait for
+// callbacks or for time; when its shard's ring is full it drains the ring itself (Timer.Stop
+// says what that costs), and if the ring's oldest command is claimed by a producer that has not
+// published it yet, it yields until that producer does (review 32).
 func (w *Wheel) AfterFunc(d time.Duration, f func()) (Timer, error) {
 	if f == nil {
 		return w.reject(ErrNilFunc)

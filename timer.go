@@ -164,7 +164,9 @@ type Timer struct {
 // wheel, one command in its shard's ring so that the entry is freed promptly; for a timer whose
 // add the shard has not taken yet, two CASes and no command (the shard frees the entry when it
 // takes the add). Only when that ring is full does it take the shard's lock and drain the ring
-// itself, which may wait for one advance step of the shard (stepBudget entries at most).
+// itself, which may wait for one advance step of the shard (stepBudget entries at most), and, if
+// the ring's oldest command is claimed by a producer paused before it published it, for that
+// producer (it yields meanwhile).
 func (t Timer) Stop() bool {
 	if t.s == nil {
 		return false
