@@ -42,8 +42,15 @@ type ManualClock struct {
 	start   time.Time
 	elapsed atomic.Int64 // nanoseconds since start; saturates at math.MaxInt64
 
-	mu     sync.Mutex // guards wheels
+	mu     sync.Mutex // guards wheels, leaving and inAdvance
 	wheels []*Wheel
+	// leaving holds the wheels whose Stop has detached them and not yet returned: their workers
+	// may still run callbacks, which count as on the clock for inCallback (review 35).
+	leaving []*Wheel
+	// inAdvance counts, per goroutine (goid), the Advance calls in progress on it: a call on a
+	// goroutine already inside Advance is a callback's, and returns at once (review 35: the
+	// wheel whose advance runs the callback may have been stopped and detached by it).
+	inAdvance map[int64]int
 }
 
 // NewManualClock returns a manual clock that reads start until it is advanced.
@@ -82,20 +89,43 @@ func (c *ManualClock) Advance(d time.Duration) {
 	}
 	self := goid()
 	c.mu.Lock()
-	ws := append([]*Wheel(nil), c.wheels...)
-	c.mu.Unlock()
-	for _, w := range ws {
-		if w.advancer.Load() == self {
-			// A callback that an advance on this goroutine runs: that advance (and the rounds
-			// it is part of) re-reads the clock and goes on to the new time before it returns.
-			return
-		}
-	}
-	if len(ws) == 1 {
-		ws[0].advanceManual(never, self)
+	if c.inAdvance[self] > 0 {
+		// A callback that an Advance on this goroutine runs: that Advance (and the rounds it is
+		// part of) re-reads the clock and goes on to the new time before it returns.
+		c.mu.Unlock()
 		return
 	}
-	c.rounds(ws, self)
+	if c.inAdvance == nil {
+		c.inAdvance = make(map[int64]int)
+	}
+	c.inAdvance[self]++
+	ws := append([]*Wheel(nil), c.wheels...)
+	c.mu.Unlock()
+	defer c.leave(self) // also as a callback's runtime.Goexit unwinds this goroutine
+	if len(ws) == 1 {
+		ws[0].advanceManual(never, self)
+		if c.attached() == 1 {
+			return
+		}
+		// A callback made another wheel on this clock meanwhile: it gets its rounds too.
+	}
+	c.rounds(self)
+}
+
+// leave ends an Advance on goroutine g.
+func (c *ManualClock) leave(g int64) {
+	c.mu.Lock()
+	if c.inAdvance[g]--; c.inAdvance[g] == 0 {
+		delete(c.inAdvance, g)
+	}
+	c.mu.Unlock()
+}
+
+// attached returns the number of wheels on the clock.
+func (c *ManualClock) attached() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.wheels)
 }
 
 // rounds advances several wheels on this clock in rounds, so that their timers fire in order of
@@ -105,10 +135,21 @@ func (c *ManualClock) Advance(d time.Duration) {
 // next round instant (nextRound, on the clock's scale), takes the earliest (R), and advances
 // every wheel due by R to R (advanceManual's limit). As within one wheel, a round never takes
 // the instant of the round before it again unless the clock moved since: what is due there then
-// was armed at once by the round's own callbacks, and waits for the next Advance.
-func (c *ManualClock) rounds(ws []*Wheel, self int64) {
+// was armed at once by the round's own callbacks, and waits for the next Advance. The wheels are
+// looked up afresh each round: a callback may make one, or stop one.
+//
+// A wheel whose due timers another goroutine's Advance has already taken into its batch looks
+// idle here. So, once nothing is due, if another Advance is in progress, each wheel's advMu is
+// taken once more (advanceManual), which waits for that batch, and what is due by then is
+// dispatched: as with one wheel, Advance returns only when everything due has been (review 35).
+// A callback's Advance (a worker's) does not wait: it returned counting on the holder.
+func (c *ManualClock) rounds(self int64) {
 	lastR, lastT := int64(-1), int64(-1)
 	for {
+		c.mu.Lock()
+		ws := append([]*Wheel(nil), c.wheels...)
+		others := len(c.inAdvance) > 1
+		c.mu.Unlock()
 		t := c.elapsed.Load()
 		r, due := int64(never), false
 		for _, w := range ws {
@@ -117,6 +158,11 @@ func (c *ManualClock) rounds(ws []*Wheel, self int64) {
 			}
 		}
 		if !due || r == lastR && t == lastT {
+			if others && !c.inCallback(self) {
+				for _, w := range ws {
+					w.advanceManual(never, self)
+				}
+			}
 			return
 		}
 		lastR, lastT = r, t
@@ -137,21 +183,27 @@ func (w *Wheel) nextRound() (int64, bool) {
 		return 0, false
 	}
 	now, m := w.nanos(), w.minNext()
-	if m > now || m == never {
+	if m > now || m == never && now != never {
+		// Nothing due; but at the end of time a wheel whose timers saturated there (and left
+		// next at never) is due (review 35), as advance takes it with one wheel.
 		return 0, false
 	}
 	return satAddNanos(min(now, w.ceil(m)), w.manualBase), true
 }
 
-// inCallback reports whether goroutine g may be running a callback of a wheel on this clock, as
-// one of its workers: an Advance there must not wait for another wheel's advMu, whose holder may
-// be waiting for room in the queue that g's wheel's workers empty, or for g itself.
+// inCallback reports whether goroutine g may be running a callback of a wheel on this clock (or
+// of one whose Stop is in progress), as one of its workers: an Advance there must not wait for
+// another wheel's advMu, whose holder may be waiting for room in the queue that g's wheel's
+// workers empty, or for g itself; nor for room in another wheel's queue (advanceManual's
+// onWorker).
 func (c *ManualClock) inCallback(g int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, w := range c.wheels {
-		if w.isWorker(g) {
-			return true
+	for _, ws := range [2][]*Wheel{c.wheels, c.leaving} {
+		for _, w := range ws {
+			if w.isWorker(g) {
+				return true
+			}
 		}
 	}
 	return false
@@ -163,10 +215,22 @@ func (c *ManualClock) attach(w *Wheel) {
 	c.mu.Unlock()
 }
 
+// detach takes a stopping wheel off the clock: Advance no longer advances it. It stays in leaving
+// until its Stop has finished (forget), while its workers may still run callbacks.
 func (c *ManualClock) detach(w *Wheel) {
 	c.mu.Lock()
 	if i := slices.Index(c.wheels, w); i >= 0 {
 		c.wheels = slices.Delete(c.wheels, i, i+1) // clears the vacated slot: no reference kept
+		c.leaving = append(c.leaving, w)
+	}
+	c.mu.Unlock()
+}
+
+// forget drops a stopped wheel from leaving: its workers have exited.
+func (c *ManualClock) forget(w *Wheel) {
+	c.mu.Lock()
+	if i := slices.Index(c.leaving, w); i >= 0 {
+		c.leaving = slices.Delete(c.leaving, i, i+1)
 	}
 	c.mu.Unlock()
 }
@@ -256,10 +320,12 @@ func (w *Wheel) advanceManual(limit, self int64) {
 		w.advancer.Store(0)
 		w.advMu.Unlock()
 		if w.rerun.Load() && !w.closed.Load() {
-			w.advanceManual(limit, self)
+			// To the clock's time, not limit: the rounds that would have gone on from limit
+			// end with this goroutine (review 35).
+			w.advanceManual(never, self)
 		}
 	}()
-	onWorker := w.isWorker(self)
+	onWorker := w.manual.inCallback(self) // a worker of any wheel on the clock (review 35)
 	for {
 		w.rerun.Store(false)
 		if !w.closed.Load() {

@@ -375,6 +375,7 @@ func (w *Wheel) stop() int {
 	// system clock, workers that advance a shard see closed before their next step.
 	if w.manual != nil {
 		w.manual.detach(w)
+		defer w.manual.forget(w) // after finishStop: its workers have exited
 		if !onAdvancer {
 			w.advMu.Lock()
 			defer w.advMu.Unlock()
