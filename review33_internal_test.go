@@ -419,8 +419,7 @@ func TestReview33PinConcurrentAdvances(t *testing.T) {
 				mu.Unlock()
 				wg.Done()
 			}
-			var chain func(arg any)
-			chain = func(arg any) {
+			chain := func(arg any) {
 				i := arg.(int)
 				cb(i)
 				if i < n {
