@@ -67,16 +67,18 @@ func (c *ManualClock) isClock() {}
 // wheel on this clock whose deadline is at or before the new time, in order of deadline rounded
 // up to the tick (ties in any order), across wheels too: each round takes the earliest instant
 // any wheel has due, and gives every wheel due by then its round. With WithWorkers(0) those
-// callbacks have also run, on this goroutine. Advance(0) dispatches timers that are already due (d <= 0). A jump of years costs
-// one step per non-empty bucket, not per tick. The clock saturates at math.MaxInt64 nanoseconds
-// past its start, the end of time, where every timer is due.
+// callbacks have also run, on this goroutine. Advance(0) dispatches timers that are already due
+// (d <= 0). A jump of years costs one step per non-empty bucket, not per tick. The clock
+// saturates at math.MaxInt64 nanoseconds past its start, the end of time, where every timer is
+// due.
 //
 // Advance panics if d is negative: time does not go backwards. Called from a callback while
 // another Advance of the wheel (or of another wheel on this clock) is in progress, it moves the
-// clock and returns at once; the Advance in progress goes on to the new time before it returns. A timer armed with d <= 0 by a
-// callback of this Advance is due at the clock's new time: it fires in this Advance if the
-// callback ran in a round at an earlier instant, and at the next Advance if it ran in the round
-// at the new time (else a callback that re-arms itself would keep Advance from returning).
+// clock and returns at once; the Advance in progress goes on to the new time before it returns.
+// A timer armed with d <= 0 by a callback of this Advance is due at the clock's new time: it
+// fires in this Advance if the callback ran in a round at an earlier instant, and at the next
+// Advance if it ran in the round at the new time (else a callback that re-arms itself would keep
+// Advance from returning).
 func (c *ManualClock) Advance(d time.Duration) {
 	if d < 0 {
 		panic(fmt.Sprintf("shardwheel: ManualClock.Advance(%v): duration must not be negative", d))
@@ -280,9 +282,9 @@ func satAddNanos(a, b int64) int64 {
 
 // advanceManual advances the wheel to its manual clock's time, or to limit (an instant on the
 // clock's scale) if that is sooner: rounds gives each wheel its rounds one instant at a time.
-// self is the calling goroutine. A call from inside the running advance of this wheel (a
-// callback that calls Advance) returns at once: the running advance re-reads the clock before
-// it stops.
+// self is the calling goroutine, which is inside Advance and never the advancer of a wheel: a
+// callback's Advance on the advancer's goroutine returned at once (inAdvance), and the deferred
+// rerun below runs after advancer was cleared.
 //
 // A call from a worker's callback (of any wheel on the clock) while another goroutine advances
 // must not wait for advMu either: that advance may be blocked handing a batch to the very worker
@@ -291,9 +293,6 @@ func satAddNanos(a, b int64) int64 {
 // was set meanwhile (if TryLock fails, the new holder sees rerun).
 func (w *Wheel) advanceManual(limit, self int64) {
 	if !w.advMu.TryLock() {
-		if w.advancer.Load() == self {
-			return
-		}
 		if w.manual.inCallback(self) {
 			w.rerun.Store(true)
 			if !w.advMu.TryLock() {

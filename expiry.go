@@ -567,7 +567,7 @@ func (w *Wheel) advanceShard(wk *worker, s *shard, now int64, more bool) {
 			s.claim.Store(claimFree)
 		}
 		w.publishGroup(s)
-		w.runRefs(rest, wk)
+		w.runRefs(rest, wk, false)
 		clear(wk.batch)
 		wk.batch = wk.batch[:0]
 		if !goOn {

@@ -168,7 +168,7 @@ func sysShard(t *testing.T) (w *Wheel, s *shard, drive func(now int64, budget in
 	}
 	run = func() int {
 		n := len(batch)
-		w.runRefs(batch, &w.pool.ws[len(w.pool.done)])
+		w.runRefs(batch, &w.pool.ws[len(w.pool.done)], false)
 		clear(batch)
 		batch = batch[:0]
 		return n

@@ -19,16 +19,6 @@ import (
 // expvar.go, and where the counters are bumped). Tests named TestReview31Fixed* fail on the code
 // they were written against (4304c13); TestReview31Pin* are things checked that hold.
 
-// r31Manual returns a wheel on a fresh manual clock, stopped when the test ends.
-func r31Manual(t *testing.T, opts ...Option) (*Wheel, *ManualClock) {
-	t.Helper()
-	clk := NewManualClock(time.Unix(0, 0))
-	w, err := New(append([]Option{WithClock(clk)}, opts...)...)
-	require.NoError(t, err)
-	t.Cleanup(func() { w.Stop() })
-	return w, clk
-}
-
 // r31Wait waits for cond, failing after a while.
 func r31Wait(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -59,7 +49,7 @@ func r31Balance(t *testing.T, w *Wheel) Stats {
 // maxPending timers are always accepted" and API.md's "Past WithMaxPending: ErrTooManyTimers"
 // (nothing is past it).
 func TestReview31FixedEveryEndOfTimeLeaksMaxPendingCredit(t *testing.T) {
-	w, clk := r31Manual(t, WithWorkers(0), WithShards(1), WithMaxPending(1))
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1), WithMaxPending(1))
 	runs := 0
 	_, err := w.Every(time.Hour, func() { runs++ })
 	require.NoError(t, err)
@@ -83,7 +73,7 @@ func TestReview31FixedEveryEndOfTimeLeaksMaxPendingCredit(t *testing.T) {
 // slow callback delays the callbacks of its own step (up to 256) that follow it"), which the
 // histogram then never shows.
 func TestReview31FixedLatenessStaleWithinBatch(t *testing.T) {
-	w, clk := r31Manual(t, WithWorkers(0), WithShards(1))
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1))
 	var first atomic.Bool
 	var startedAt []int64
 	f := func() {
@@ -165,7 +155,7 @@ func TestReview31FixedLatenessStaleWithinBatchSystem(t *testing.T) {
 // yet Queued reads 0. Here one Advance fires three timers to the only worker in one chunk; the
 // first blocks. Fired is 1, Pending 2 (neither started nor stopped), Queued 0 instead of 2.
 func TestReview31FixedQueuedDropsWhileChunkWaits(t *testing.T) {
-	w, clk := r31Manual(t, WithWorkers(1), WithShards(1))
+	w, clk := newManualWheel(t, WithWorkers(1), WithShards(1))
 	started, release := make(chan struct{}), make(chan struct{})
 	var first atomic.Bool
 	var ran atomic.Int32
@@ -334,7 +324,7 @@ func TestReview31PinBooksEveryKind(t *testing.T) {
 		t.Run(map[int]string{0: "workers=0", 2: "workers=2"}[workers], func(t *testing.T) {
 			const limit = 40
 			var panics atomic.Int64
-			w, clk := r31Manual(t, WithWorkers(workers), WithShards(3), WithMaxPending(limit),
+			w, clk := newManualWheel(t, WithWorkers(workers), WithShards(3), WithMaxPending(limit),
 				WithPanicHandler(func(any) { panics.Add(1) }))
 			var ran atomic.Int64
 			f := func() { ran.Add(1) }
@@ -426,7 +416,7 @@ func r31Credits(w *Wheel) int64 {
 // exactly; on a quiet wheel with nothing pending, every credit is free.
 func TestReview31PinCreditsBackAfterFiresAndStops(t *testing.T) {
 	const limit = 100
-	w, clk := r31Manual(t, WithWorkers(2), WithShards(4), WithMaxPending(limit),
+	w, clk := newManualWheel(t, WithWorkers(2), WithShards(4), WithMaxPending(limit),
 		WithPanicHandler(func(any) {}))
 	var ran atomic.Int64
 	var evs []Timer
@@ -470,7 +460,7 @@ func TestReview31PinCreditsBackAfterFiresAndStops(t *testing.T) {
 // timers are over (fired or stopped) and the shard has been quiet for trimQuiet of the manual
 // clock, an Advance trims and HeldBytes is back to 0; it never goes negative.
 func TestReview31PinHeldBytesBackAfterTrim(t *testing.T) {
-	w, clk := r31Manual(t, WithWorkers(0), WithShards(1))
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1))
 	require.Zero(t, w.Stats().HeldBytes)
 	var ts []Timer
 	for i := range 3000 {
@@ -496,7 +486,7 @@ func TestReview31PinHeldBytesBackAfterTrim(t *testing.T) {
 // deadline's tick ends counts as on time (bucket 0, never a negative duration), one late by
 // exactly a bucket bound lands in the bucket above it, and Quantile reports bucket bounds.
 func TestReview31PinLatenessNeverNegativeAndBuckets(t *testing.T) {
-	w, clk := r31Manual(t, WithWorkers(0), WithShards(1), WithTick(time.Millisecond))
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1), WithTick(time.Millisecond))
 	_, err := w.AfterFunc(300*time.Microsecond, func() {}) // due inside tick 0, runs at 1 ms
 	require.NoError(t, err)
 	clk.Advance(300 * time.Microsecond)

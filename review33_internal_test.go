@@ -15,9 +15,9 @@ import (
 // Review 33: the contract to the letter (API.md, README's guarantees, options and limits, the
 // exported doc comments), with Every, ManualClock and Stats in particular.
 
-// manual33 returns a wheel on a fresh manual clock at the Unix epoch, stopped at the end of the
+// newManualWheel returns a wheel on a fresh manual clock at the Unix epoch, stopped at the end of the
 // test.
-func manual33(t *testing.T, opts ...Option) (*Wheel, *ManualClock) {
+func newManualWheel(t *testing.T, opts ...Option) (*Wheel, *ManualClock) {
 	t.Helper()
 	clk := NewManualClock(time.Unix(0, 0))
 	w, err := New(append([]Option{WithClock(clk)}, opts...)...)
@@ -42,7 +42,7 @@ func balance33(t *testing.T, w *Wheel) Stats {
 // wheel is quiet with Len() == 0, yet a WithMaxPending(1) wheel refuses the next timer forever.
 // WithMaxPending's doc: "once the wheel is quiet, n timers are always accepted".
 func TestReview33FixedEveryEndOfTimeLeaksMaxPending(t *testing.T) {
-	w, clk := manual33(t, WithWorkers(0), WithShards(1), WithMaxPending(1))
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1), WithMaxPending(1))
 	runs := 0
 	_, err := w.Every(time.Hour, func() { runs++ })
 	require.NoError(t, err)
@@ -68,7 +68,7 @@ func TestReview33FixedEveryEndOfTimeLeaksMaxPending(t *testing.T) {
 // own step (up to 256) that follow it") warns about, and Lateness is the metric meant to show
 // it.
 func TestReview33FixedLatenessReadOncePerBatch(t *testing.T) {
-	w, clk := manual33(t, WithWorkers(0), WithShards(1))
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1))
 	var startedAt []time.Duration
 	for i := 0; i < 2; i++ {
 		_, err := w.AfterFunc(time.Millisecond, func() {
@@ -94,7 +94,7 @@ func TestReview33FixedLatenessReadOncePerBatch(t *testing.T) {
 // started, Len counts them pending ("a timer whose callback waits in the worker queue is still
 // pending"), and Queued says 0.
 func TestReview33FixedQueuedCountsOnlyUntaken(t *testing.T) {
-	w, clk := manual33(t, WithWorkers(1), WithShards(1))
+	w, clk := newManualWheel(t, WithWorkers(1), WithShards(1))
 	entered, release := make(chan struct{}), make(chan struct{})
 	var mu sync.Mutex
 	started := 0
@@ -175,7 +175,7 @@ func TestReview33FixedAdvanceLeavesDueTimerOnEarlierWheel(t *testing.T) {
 // TestReview33PinEveryErrors: each bad input to Every returns the documented error, names the
 // value, schedules nothing and counts in Rejected.
 func TestReview33PinEveryErrors(t *testing.T) {
-	w, _ := manual33(t, WithWorkers(0))
+	w, _ := newManualWheel(t, WithWorkers(0))
 	for _, iv := range []time.Duration{0, -1, math.MinInt64} {
 		_, err := w.Every(iv, func() {})
 		require.Error(t, err)
@@ -212,7 +212,7 @@ func durationArgString(d time.Duration) string {
 // TestReview33PinMaxPendingErrorNamesLimit: past WithMaxPending every scheduling call (Every
 // included) returns an ErrTooManyTimers that names the limit; Stop of one frees a place.
 func TestReview33PinMaxPendingErrorNamesLimit(t *testing.T) {
-	w, _ := manual33(t, WithWorkers(0), WithShards(2), WithMaxPending(3))
+	w, _ := newManualWheel(t, WithWorkers(0), WithShards(2), WithMaxPending(3))
 	var tms []Timer
 	for i := 0; i < 3; i++ {
 		tm, err := w.AfterFunc(time.Hour, func() {})
@@ -237,7 +237,7 @@ func TestReview33PinMaxPendingErrorNamesLimit(t *testing.T) {
 // its next run is the first instant of the fixed-rate grid (k intervals after the call) after
 // the clock's new time: never early against the grid, never a pile-up.
 func TestReview33PinEveryBigJumpOnTheGrid(t *testing.T) {
-	w, clk := manual33(t, WithWorkers(0), WithShards(3))
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(3))
 	clk.Advance(700 * time.Microsecond) // the call is off the tick grid
 	const iv = 3*time.Millisecond + 100*time.Microsecond
 	call := clk.Now()
@@ -264,7 +264,7 @@ func TestReview33PinEveryBigJumpOnTheGrid(t *testing.T) {
 // TestReview33PinEveryHugeInterval: an interval of math.MaxInt64 is accepted; the first run is
 // due at the end of time, nothing runs before, and Stop reports true.
 func TestReview33PinEveryHugeInterval(t *testing.T) {
-	w, clk := manual33(t, WithWorkers(0), WithShards(1))
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1))
 	runs := 0
 	tm, err := w.Every(math.MaxInt64, func() { runs++ })
 	require.NoError(t, err)
@@ -402,7 +402,7 @@ func TestReview33PinEverySlowRunsInBubble(t *testing.T) {
 func TestReview33PinConcurrentAdvances(t *testing.T) {
 	for _, workers := range []int{0, 2} {
 		t.Run(strings.Repeat("w", workers+1), func(t *testing.T) {
-			w, clk := manual33(t, WithWorkers(workers), WithShards(4))
+			w, clk := newManualWheel(t, WithWorkers(workers), WithShards(4))
 			const n = 400
 			var mu sync.Mutex
 			ran := make([]int, 2*n)

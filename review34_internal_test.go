@@ -117,21 +117,7 @@ func TestReview34PinLetGoStormEveryReset(t *testing.T) {
 		clk.Advance(time.Millisecond)
 		require.Eventually(t, func() bool { return w.Stats().Queued == 0 }, 5*time.Second, time.Millisecond)
 		// The slab after the storm: every new timer runs once.
-		var runs [n]atomic.Int32
-		for i := 0; i < n; i++ {
-			i := i
-			_, err := w.AfterFunc(time.Millisecond, func() { runs[i].Add(1) })
-			require.NoError(t, err)
-		}
-		clk.Advance(time.Millisecond)
-		require.Eventually(t, func() bool {
-			for i := range runs {
-				if runs[i].Load() != 1 {
-					return false
-				}
-			}
-			return true
-		}, 5*time.Second, time.Millisecond)
+		requireFreshTimersRunOnce(t, w, clk, n)
 		require.Zero(t, w.Stop())
 		for i := 0; i < n; i++ {
 			r, s := ran[i].Load(), stopped[i].Load()
@@ -189,7 +175,7 @@ func TestReview34PinLatenessStrideBound(t *testing.T) {
 	other := w.pool.other() // used by no goroutine on the system clock (dispatch is manual's)
 	other.stride = lateStride
 	base := w.Stats().Lateness
-	w.runRefs(refs, other)
+	w.runRefs(refs, other, false)
 	late := w.Stats().Lateness
 	var slow uint64 // callbacks counted at least 16.384 ms late (buckets 15 and up)
 	for i := 15; i < len(late.Buckets); i++ {

@@ -182,21 +182,28 @@ func TestStopFiringSlabAfterStorm(t *testing.T) {
 		clk.Advance(time.Millisecond)
 		// What the storm freed is armed again at once: a doubly freed entry would be handed to
 		// two of these, and one of them would be lost or run twice.
-		var runs [n]atomic.Int32
-		for i := 0; i < n; i++ {
-			i := i
-			_, err := w.AfterFunc(time.Millisecond, func() { runs[i].Add(1) })
-			require.NoError(t, err)
-		}
-		clk.Advance(time.Millisecond)
-		require.Eventually(t, func() bool {
-			for i := range runs {
-				if runs[i].Load() != 1 {
-					return false
-				}
-			}
-			return true
-		}, 5*time.Second, time.Millisecond)
+		requireFreshTimersRunOnce(t, w, clk, n)
 		require.Zero(t, w.Len())
 	}
+}
+
+// requireFreshTimersRunOnce arms n timers due in 1ms on w, advances clk past them and requires
+// that each runs exactly once: after a storm of Stops and frees, a doubly freed entry would be
+// handed to two of them, and one would be lost or run twice.
+func requireFreshTimersRunOnce(t *testing.T, w *Wheel, clk *ManualClock, n int) {
+	t.Helper()
+	runs := make([]atomic.Int32, n)
+	for i := range runs {
+		_, err := w.AfterFunc(time.Millisecond, func() { runs[i].Add(1) })
+		require.NoError(t, err)
+	}
+	clk.Advance(time.Millisecond)
+	require.Eventually(t, func() bool {
+		for i := range runs {
+			if runs[i].Load() != 1 {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, time.Millisecond)
 }

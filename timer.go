@@ -260,9 +260,7 @@ func (t Timer) stopFiring(e *entry, w uint64) {
 		return // 2.
 	}
 	e.state.Store(withState(w, stStopped)) // 3.
-	var fb freeBatch
-	fb.add(&t.s.slab, t.i, e)
-	fb.flush()
+	t.s.slab.freeEntry(t.i, e)
 }
 
 // Reset re-arms a pending timer to fire d from now and reports true. If the timer has fired, is

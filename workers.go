@@ -140,7 +140,7 @@ func (w *Wheel) offer(wk *worker, c *chunk) bool {
 func (w *Wheel) dispatch(batch []ref, onWorker bool) {
 	other := w.pool.other()
 	if w.pool.queue == nil {
-		w.runRefs(batch, other)
+		w.runRefs(batch, other, false)
 		return
 	}
 	// Block waits for room, unless this advance runs on a worker (onWorker: Advance from a
@@ -157,7 +157,7 @@ func (w *Wheel) dispatch(batch []ref, onWorker bool) {
 	next := 0
 	defer func() {
 		if next < len(batch) {
-			w.runRefs(batch[next:], other)
+			w.runRefs(batch[next:], other, false)
 		}
 	}()
 	for i := 0; i < len(batch); i += per {
@@ -194,24 +194,20 @@ func newChunk(refs []ref) *chunk {
 // queued says that the chunk came from the queue (a worker took it): each entry then leaves
 // Stats.Queued as it starts (wk.taken), not when the chunk was taken (review 33).
 func (w *Wheel) runChunk(c *chunk, wk *worker, queued bool) {
-	if c.n > 0 {
-		var fb freeBatch
-		w.runFrom(c.es[:c.n], wk, queued, &fb)
-		fb.flush()
-	}
+	w.runRefs(c.es[:c.n], wk, queued)
 	clear(c.es[:c.n])
 	c.n = 0
 	chunkPool.Put(c)
 }
 
-// runRefs runs fired entries that were not queued in order, and returns the ones it frees to
-// their slabs together.
-func (w *Wheel) runRefs(refs []ref, wk *worker) {
+// runRefs runs fired entries in order, and returns the ones it frees to their slabs together.
+// queued: they came in a chunk from the queue (runFrom).
+func (w *Wheel) runRefs(refs []ref, wk *worker, queued bool) {
 	if len(refs) == 0 {
 		return
 	}
 	var fb freeBatch
-	w.runFrom(refs, wk, false, &fb)
+	w.runFrom(refs, wk, queued, &fb)
 	fb.flush()
 }
 
@@ -254,10 +250,10 @@ func (w *Wheel) runFrom(refs []ref, wk *worker, queued bool, fb *freeBatch) {
 // the stride adapts: it is 1 after any stride whose callbacks took lateQuick or more each on
 // average, and it doubles, up to lateStride, after a stride of quicker ones. A batch starts with
 // a reading, at the stride its slot's last batch ended with (1 for a new worker). Slow callbacks
-// are read before each start; a flood of quick ones about once per lateStride. A callback's lateness is read at most the run time of the
-// lateStride-1 callbacks before it early: a slow callback among quick ones delays those after
-// it in its stride without showing, and the next reading shows it. A manual clock is read on
-// each start (a load).
+// are read before each start; a flood of quick ones about once per lateStride. A callback's
+// lateness is read at most the run time of the lateStride-1 callbacks before it early: a slow
+// callback among quick ones delays those after it in its stride without showing, and the next
+// reading shows it. A manual clock is read on each start (a load).
 type lateClock struct {
 	w      *Wheel
 	now    int64 // the reading, once read is set
