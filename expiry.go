@@ -139,6 +139,13 @@ func (w *Wheel) work(i int) {
 	wk := &w.pool.ws[i]
 	exited := true // until the loop returns: unwinding with it still set is runtime.Goexit
 	defer func() {
+		if exited {
+			// A Goexit may unwind out of keep between releaseLater's arming of the watchdog
+			// and keep's unwatch or hurry: stop it here, or it would go off after Stop returned
+			// (a goroutine of the wheel's after Stop, and a nudge nobody takes). Nothing is
+			// lost: the role is free, and the goroutine below (or Stop) is there to see it.
+			w.unwatch(wk)
+		}
 		switch {
 		case !exited: // the loop returned: quit
 			close(w.pool.done[i])
