@@ -66,3 +66,33 @@ func TestStopCountEveryAtEndOfTime(t *testing.T) {
 	require.Equal(t, st.Scheduled, st.Fired+st.Stopped, "%+v", st)
 	require.Zero(t, w.Stop())
 }
+
+// TestStopFromCallbackThenStopFiredTimer: a callback stops the wheel and then stops a timer that
+// fired in the same batch and has not started. Wheel.Stop does not count it (it was no longer
+// pending); Timer.Stop reports true and the callback never runs (Timer.Stop's doc): the timer
+// ends in exactly one of the three ways, and the books balance.
+func TestStopFromCallbackThenStopFiredTimer(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithShards(1))
+	require.NoError(t, err)
+	var second sw.Timer
+	got, stopped, ran := -1, false, 0
+	_, err = w.AfterFunc(500*time.Microsecond, func() {
+		ran++
+		got = w.Stop()
+		stopped = second.Stop()
+	})
+	require.NoError(t, err)
+	second, err = w.AfterFunc(900*time.Microsecond, func() { ran++ })
+	require.NoError(t, err)
+	clock.Advance(time.Millisecond)
+	require.Zero(t, got, "the second timer had fired: Stop does not count it as pending")
+	require.True(t, stopped, "the fired timer had not started: its Stop prevents it")
+	require.Equal(t, 1, ran, "only the first callback ran")
+	require.False(t, second.Stop())
+	st := w.Stats()
+	require.Equal(t, uint64(2), st.Scheduled)
+	require.Equal(t, uint64(1), st.Fired)
+	require.Equal(t, uint64(1), st.Stopped)
+	require.Zero(t, st.Dropped)
+}

@@ -156,8 +156,10 @@ type Timer struct {
 
 // Stop prevents the timer's callback from running. It reports true if and only if this call
 // prevented it: false if the callback has started (or, for Every, if the series has ended), the
-// timer was already stopped, the Wheel was stopped, or the handle is the zero Timer or stale. Stop
-// does not wait for a running callback. For a timer made by Every, true means no further run will
+// timer was already stopped, Wheel.Stop found it pending (and counted it), or the handle is the
+// zero Timer or stale. A timer that had fired, its callback not started yet, when Wheel.Stop was
+// called from a callback of the same batch can still be stopped: that Stop reports true, and the
+// callback does not run. Stop does not wait for a running callback. For a timer made by Every, true means no further run will
 // start, also when Stop is called while a run is in progress.
 //
 // Stop does not wait for callbacks or for time: it is one CAS plus, for a timer still in the
