@@ -381,3 +381,27 @@ func TestReview36PinTinyQueueFloodBooks(t *testing.T) {
 		})
 	}
 }
+
+// TestReview36PinReleaseNudgesTheNextKeeper pins the nudge of release, which review 36 found no
+// test would miss: two shards come due at once, so the keeper lets go of the role with release
+// (not releaseLater: no watchdog), advances one and queues the other; both callbacks block. Of
+// three workers, the third must become the keeper, by release's nudge, so that a timer on a third
+// shard fires on time. Without the nudge it waited for a blocked callback (95 ms here).
+func TestReview36PinReleaseNudgesTheNextKeeper(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	const tick = time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		w, err := New(WithWorkers(3), WithShards(3), WithTick(tick))
+		require.NoError(t, err)
+		defer w.Stop()
+		for k := range 2 {
+			armOn(t, w, k, 5*time.Millisecond, func(any) { time.Sleep(100 * time.Millisecond) }, nil)
+		}
+		start := time.Now()
+		ran := make(chan time.Duration, 1)
+		armOn(t, w, 2, 10*time.Millisecond, func(any) { ran <- time.Since(start) }, nil)
+		late := <-ran - 10*time.Millisecond
+		require.GreaterOrEqual(t, late, time.Duration(0))
+		require.LessOrEqual(t, late, 2*tick, "the third shard's timer waited for a blocked callback")
+	})
+}
