@@ -3,6 +3,7 @@ package shardwheel
 import (
 	"context"
 	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -120,11 +121,11 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 	// paused after its CAS to close the parent's Done and set its cause, which this context's
 	// Cause reads through the parent (ctxGate.Value). A live parent costs one load either way.
 	if pw != nil && pw.Err() != nil {
-		c.state.Store(fromParent(pw.state.Load() & endMask)) // not shared yet: a plain store
+		c.state.Store(fromParent(pw.state.Load()&endMask) | ctxFinished) // not shared yet: a plain store
 		return c, c.cancel
 	}
 	if d <= 0 {
-		c.state.Store(endDeadline)
+		c.state.Store(endDeadline | ctxFinished)
 		return c, c.cancel
 	}
 	timer, err := w.AfterFuncArg(d, expireDeadline, c)
@@ -154,9 +155,12 @@ var testHookEnded atomic.Pointer[func(*deadlineCtx)]
 
 // The state word of a deadlineCtx:
 //
-//	bits 0..2  end     0 live, else how it ended; set once, by the CAS in end
-//	bit  3     armed   set once by the constructor after it wrote timer and pw
-//	bit  4     linked  set under mu once kids or gateF may be non-empty
+//	bits 0..2  end       0 live, else how it ended; set once, by the CAS in end
+//	bit  3     armed     set once by the constructor after it wrote timer and pw
+//	bit  4     linked    set under mu once kids or gateF may be non-empty
+//	bit  5     finished  set once by the winner of end's CAS when its end is complete (Done
+//	                     closed, the subtree ended, the timer and link released if armed); a
+//	                     context born ended has it from birth
 const (
 	endMask           uint32 = 7
 	endCanceled       uint32 = 1 // its CancelFunc
@@ -165,6 +169,7 @@ const (
 	endParentDeadline uint32 = 4 // its wheel parent ended with DeadlineExceeded
 	ctxArmed          uint32 = 1 << 3
 	ctxLinked         uint32 = 1 << 4
+	ctxFinished       uint32 = 1 << 5
 )
 
 // fromParent is the end code of a context whose wheel parent ended with code.
@@ -364,7 +369,10 @@ func (c *deadlineCtx) cancel() { c.end(endCanceled) }
 //  3. releases the timer and the link in the wheel parent, if the constructor has published them.
 //
 // All of it runs before the CancelFunc, the timer callback or the parent's end returns: when any
-// of them returns, the whole subtree is done. Nothing here blocks (q.cancel takes std's locks
+// of them returns, the whole subtree is done. That holds for a loser of the CAS too, as for std's
+// cancel, which takes the context's mutex before it finds it canceled: the loser waits for the
+// winner's finished bit (awaitEnd). The winner never waits for a loser: it holds no lock of a
+// loser's, and a loser waits holding none. Nothing here blocks (q.cancel takes std's locks
 // briefly; children's ends recurse down a finite tree, as std's cancel does).
 // The ender cancels q (f, the gate's registration) before it ends the kids: a kid's Cause reads
 // the cause through this context's q (ctxGate.Value), so it must be set by the time the kid
@@ -375,6 +383,7 @@ func (c *deadlineCtx) end(code uint32) {
 	for {
 		s = c.state.Load()
 		if s&endMask != 0 {
+			c.awaitEnd(s)
 			return
 		}
 		if c.state.CompareAndSwap(s, s|code) {
@@ -408,6 +417,21 @@ func (c *deadlineCtx) end(code uint32) {
 	}
 	if s&ctxArmed != 0 {
 		c.release(code)
+	}
+	c.state.Or(ctxFinished)
+}
+
+// awaitEnd returns once the winner of end's CAS has finished, given s, a state that has ended.
+// A loser is rare (a cancel racing the deadline, the parent's end or another cancel) and the
+// winner's steps are short and never wait for it, so it yields rather than blocks: a winner
+// paused between its CAS and its finished bit (preemption, GC) gets the P back.
+// A winner that is a constructor's end of its own context (withDeadline, the parent ended
+// first) has not set armed yet, so its finished bit comes before the constructor releases the
+// timer; nobody else holds that context yet but its parent's ender, for which it has ended.
+func (c *deadlineCtx) awaitEnd(s uint32) {
+	for s&ctxFinished == 0 {
+		runtime.Gosched()
+		s = c.state.Load()
 	}
 }
 
