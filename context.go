@@ -113,7 +113,7 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 			}
 		}
 	}
-	c := &deadlineCtx{w: w, parent: parent, deadline: t}
+	c := &deadlineCtx{w: w, parent: parent, deadline: t, pw: pw}
 	if cause != nil {
 		c.x.Store(&ctxExt{cause: cause}) // before the context is shared
 	}
@@ -133,13 +133,9 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 		return context.WithDeadlineCause(parent, t, cause)
 	}
 	c.timer = timer
-	if pw != nil {
-		if pw.addKid(c) {
-			c.pw = pw
-		} else {
-			pw.Err() // the parent's ender took its kids: wait for it to finish q, as above
-			c.end(fromParent(pw.state.Load() & endMask))
-		}
+	if pw != nil && !pw.addKid(c) {
+		pw.Err() // the parent's ender took its kids: wait for it to finish q, as above
+		c.end(fromParent(pw.state.Load() & endMask))
 	}
 	if old := c.state.Or(ctxArmed); old&endMask != 0 {
 		c.release(old & endMask)
@@ -156,7 +152,7 @@ var testHookEnded atomic.Pointer[func(*deadlineCtx)]
 // The state word of a deadlineCtx:
 //
 //	bits 0..2  end       0 live, else how it ended; set once, by the CAS in end
-//	bit  3     armed     set once by the constructor after it wrote timer and pw
+//	bit  3     armed     set once by the constructor after it wrote timer
 //	bit  4     linked    set under mu once kids or gateF may be non-empty
 //	bit  5     finished  set once by the winner of end's CAS when its end is complete (Done
 //	                     closed, the subtree ended, the timer and link released if armed); a
@@ -196,8 +192,10 @@ func errOf(code uint32) error {
 //
 // Ownership, field by field:
 //   - w, parent, deadline: immutable.
+//   - pw: immutable: the wheel parent (nil if none), written before the context is shared or
+//     linked. The context is in pw's kids list only if addKid took it; removeKid tells.
 //   - state: atomic, see the table above.
-//   - timer, pw: written by the constructor before it sets armed; read only by the goroutine that
+//   - timer: written by the constructor before it sets armed; read only by the goroutine that
 //     ended the context after seeing armed, or by the constructor if the end came first (exactly
 //     one of the two, decided by the armed bit against the end CAS).
 //   - prev, next: this context's links in pw's kids list, guarded by pw.mu. Once pw's ender has

@@ -34,8 +34,15 @@ func (g *ctxGate) Err() error { return errOf(g.state.Load() & endMask) }
 
 // Value answers &cancelCtxKey with what context.Cause needs to find the context's cause: a
 // canceled std context holding the WithDeadlineCause cause after the deadline, the wheel parent's
-// cancelCtx (through parent.Value) when the parent ended the context, and nil otherwise (so that
-// Cause falls back to Err: Canceled, or DeadlineExceeded without a cause). Other keys go to parent.
+// q when the parent ended the context, and nil otherwise (so that Cause falls back to Err:
+// Canceled, or DeadlineExceeded without a cause). Other keys go to parent.
+//
+// The wheel parent is asked directly, never through parent.Value: std asks this while the
+// context's ender cancels q, and parent may be the user's wrapper, whose Value may take the
+// user's locks. Std runs no user code while it cancels; an ender that did could wait for a lock
+// that a caller of a CancelFunc holds, and that CancelFunc, losing end's CAS, waits for the
+// ender (end). The wheel parent is the one the constructor found through parent, and its q is
+// canceled with its cause before it ends its kids.
 func (g *ctxGate) Value(key any) any {
 	if cancelCtxKey != nil && key == cancelCtxKey {
 		switch g.state.Load() & endMask {
@@ -48,7 +55,7 @@ func (g *ctxGate) Value(key any) any {
 			set(x.cause)
 			return h // a *context.cancelCtx with cause x.cause
 		case endParentCanceled, endParentDeadline:
-			return g.parent.Value(key)
+			return g.pw.lazyQ() // set: only a wheel parent ends a context with these codes
 		}
 		return nil
 	}
