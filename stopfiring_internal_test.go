@@ -183,7 +183,9 @@ func TestStopFiringSlabAfterStorm(t *testing.T) {
 		// What the storm freed is armed again at once: a doubly freed entry would be handed to
 		// two of these, and one of them would be lost or run twice.
 		requireFreshTimersRunOnce(t, w, clk, n)
-		require.Zero(t, w.Len())
+		// The storm's last callbacks may still wait in a worker's chunk behind the fresh ones
+		// (two workers; a fired timer counts as pending until its callback starts).
+		require.Eventually(t, func() bool { return w.Len() == 0 }, 5*time.Second, time.Millisecond)
 	}
 }
 
