@@ -108,7 +108,7 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 	if !ok {
 		if pdone := parent.Done(); pdone != nil {
 			pw, _ = parent.Value(wheelCtxKey).(*deadlineCtx)
-			if pw == nil || pw.Done() != pdone {
+			if pw == nil || pw.Done() != pdone || !causeFrom(parent, pw) {
 				return context.WithDeadlineCause(parent, t, cause)
 			}
 		}
@@ -141,6 +141,16 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 		c.release(old & endMask)
 	}
 	return c, c.cancel
+}
+
+// causeFrom reports whether a wrapper parent leads std's cause lookup to pw's q, as it leads
+// Value(wheelCtxKey) to pw: parent.Value(&cancelCtxKey) is the *cancelCtx whose cause std would
+// copy into a child of parent. A wrapper that answers that key itself (say with the cancelCtx of
+// other values it merges in) would make a std child's Cause differ from a wheel kid's, which is
+// read from pw's q (ctxGate.Value, which runs no user code during an end): such a parent falls
+// back to the standard library. pw.Done() has made pw's q before this is asked.
+func causeFrom(parent context.Context, pw *deadlineCtx) bool {
+	return cancelCtxKey == nil || parent.Value(cancelCtxKey) == any(pw.loadQ())
 }
 
 // testHookEnded, set only by tests, runs in end right after the CAS that ends a context. It is
