@@ -440,6 +440,9 @@ func TestContextStopWhileConstructorPaused(t *testing.T) {
 			} else {
 				requireEnded(t, c, context.DeadlineExceeded)
 				require.False(t, time.Now().Before(dl), "ended before its deadline")
+				// Done closes before the ender unlinks the child; a cancel that loses to the
+				// ender returns only once it has finished (end's awaitEnd).
+				m.cancel()
 			}
 			p.mu.Lock()
 			kids := p.kids
