@@ -17,17 +17,6 @@ import (
 // payload36 is a callback argument whose reachability a test watches (weak pointer).
 type payload36 struct{ _ [64]byte }
 
-// manual36 returns a wheel on a new manual clock with the given options, stopped at the end of
-// the test.
-func manual36(t *testing.T, opts ...Option) (*Wheel, *ManualClock) {
-	t.Helper()
-	clk := NewManualClock(time.Unix(0, 0))
-	w, err := New(append([]Option{WithClock(clk)}, opts...)...)
-	require.NoError(t, err)
-	t.Cleanup(func() { w.Stop() })
-	return w, clk
-}
-
 // TestMutation36StopOfTakenTimerLetsGoAtOnce: "Let go of the callback now, not when the shard gets
 // to the command" (Timer.Stop, a pending timer whose add the shard has taken). On a quiet shard of
 // a manual clock nobody drains the cancel until the next Advance: the stopped timer's argument must
@@ -35,7 +24,7 @@ func manual36(t *testing.T, opts ...Option) (*Wheel, *ManualClock) {
 // command dropped.
 func TestMutation36StopOfTakenTimerLetsGoAtOnce(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	w, _ := manual36(t, WithShards(1), WithWorkers(0))
+	w, _ := newManualWheel(t, WithShards(1), WithWorkers(0))
 	s := w.shards[0]
 
 	tm := func() Timer {
@@ -64,7 +53,7 @@ func TestMutation36StopOfTakenTimerLetsGoAtOnce(t *testing.T) {
 // 700µs. Kills: workers.go, lateness measured against the raw deadline.
 func TestMutation36LatenessAgainstTickRoundedDeadline(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	w, clk := manual36(t, WithShards(1), WithWorkers(0), WithTick(time.Millisecond))
+	w, clk := newManualWheel(t, WithShards(1), WithWorkers(0), WithTick(time.Millisecond))
 	ran := 0
 	_, err := w.AfterFunc(300*time.Microsecond, func() { ran++ })
 	require.NoError(t, err)
@@ -83,7 +72,7 @@ func TestMutation36LatenessAgainstTickRoundedDeadline(t *testing.T) {
 // to Canceled again. Kills: context.go, fromParent mapping only endCanceled to a parent's cancel.
 func TestMutation36CanceledRootReachesGrandchild(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	w, _ := manual36(t, WithShards(1), WithWorkers(0))
+	w, _ := newManualWheel(t, WithShards(1), WithWorkers(0))
 	root, cancel := w.WithTimeout(context.Background(), time.Hour)
 	kid, kcancel := w.WithTimeout(root, time.Hour)
 	defer kcancel()
@@ -118,7 +107,7 @@ func TestMutation36CanceledRootReachesGrandchild(t *testing.T) {
 // publishGroup's signal dropped.
 func TestMutation36PublishGroupSignalsEarlierNext(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	w, _ := manual36(t, WithShards(1), WithWorkers(0))
+	w, _ := newManualWheel(t, WithShards(1), WithWorkers(0))
 	s := w.shards[0]
 	const target = int64(time.Hour)
 	t.Cleanup(func() { w.target.Store(awake) })
