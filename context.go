@@ -86,8 +86,9 @@ func (w *Wheel) WithTimeoutCause(parent context.Context, d time.Duration, cause 
 // Which parents get a wheel timer (the closed world, see the top of the file), decided as std
 // decides where a child registers: parent.Done() is nil (never canceled), or parent is a
 // deadlineCtx, or parent leads by Value(wheelCtxKey) to a deadlineCtx whose Done is parent's
-// Done (a wrapper that keeps Done; std checks a wrapper's *cancelCtx the same way). A std
-// cancelable context in between answers wheelCtxKey too, but with its own Done, so it falls back.
+// Done and by Value(&cancelCtxKey) to that deadlineCtx's q (a wrapper that keeps Done and the
+// cause; std checks a wrapper's *cancelCtx the same way: causeFrom). A std cancelable context in
+// between answers wheelCtxKey too, but with its own Done, so it falls back.
 // Any other parent gets context.WithDeadlineCause(parent, t, cause); so do a stopped wheel and
 // WithMaxPending (the caller's RPC must not break). With a ManualClock that std context's timer
 // runs on the real clock: t is a time on the manual clock's scale. A context made before Stop
@@ -119,9 +120,10 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 	}
 	// A parent that has ended is asked by Err, not by its state word: Err waits for an ender
 	// paused after its CAS to close the parent's Done and set its cause, which this context's
-	// Cause reads through the parent (ctxGate.Value). A live parent costs one load either way.
+	// Cause reads from the parent's q (ctxGate.Value). A live parent costs one load either way.
+	// Not shared yet: a plain store, born finished (end's losers have no winner to wait for).
 	if pw != nil && pw.Err() != nil {
-		c.state.Store(fromParent(pw.state.Load()&endMask) | ctxFinished) // not shared yet: a plain store
+		c.state.Store(fromParent(pw.state.Load()&endMask) | ctxFinished)
 		return c, c.cancel
 	}
 	if d <= 0 {

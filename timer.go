@@ -159,8 +159,8 @@ type Timer struct {
 // timer was already stopped, Wheel.Stop found it pending (and counted it), or the handle is the
 // zero Timer or stale. A timer that had fired, its callback not started yet, when Wheel.Stop was
 // called from a callback of the same batch can still be stopped: that Stop reports true, and the
-// callback does not run. Stop does not wait for a running callback. For a timer made by Every, true means no further run will
-// start, also when Stop is called while a run is in progress.
+// callback does not run. Stop does not wait for a running callback. For a timer made by Every,
+// true means no further run will start, also when Stop is called while a run is in progress.
 //
 // Stop does not wait for callbacks or for time: it is one CAS plus, for a timer still in the
 // wheel, one command in its shard's ring so that the entry is freed promptly; for a timer whose
