@@ -352,12 +352,30 @@ func (s *shard) expire(i uint32, e *entry) {
 			s.tw.straggle(i, e, when)
 			return
 		}
+		if testHookExpiring != nil {
+			testHookExpiring(e) // tests only: the shard paused between its read of when and its CAS
+		}
 		if e.state.CompareAndSwap(w, withState(w, stFiring)) {
+			// The version has versionBits bits: 2^versionBits Resets of this timer while this
+			// goroutine was paused between its reads and the CAS (each to a later deadline, so
+			// each without a command that would wait for s.mu) bring the word back to w, and
+			// the CAS succeeds on a deadline the first of them replaced. Firing, the entry
+			// takes no Reset, so when is now final: the same, it is the deadline judged due
+			// above; another, put the word back (nobody saw it firing but a Stop, below) and
+			// look again. A Stop that moved it to letting go meanwhile reported true; the
+			// worker frees it, as any entry a Stop let go of (review 40).
+			if e.when.Load() != when && e.state.CompareAndSwap(withState(w, stFiring), w) {
+				continue
+			}
 			s.fired = append(s.fired, ref{s: s, e: e, i: i})
 			return
 		}
 	}
 }
+
+// testHookExpiring, set only by tests, runs in expire between its read of an entry's deadline
+// and the CAS that fires the entry.
+var testHookExpiring func(e *entry)
 
 // advanceLocked drains the ring and fires what is due at the reading now (ns) into s.fired, visiting at
 // most about budget entries (0: no bound). When it reaches now it publishes the shard's next
