@@ -100,7 +100,9 @@ type Wheel struct {
 	// closed only once nobody can put a chunk in the queue any more: on the system clock the
 	// workers are the only senders, and each looks at the queue after its own last send; with a
 	// manual clock the advancer sends only while it holds advMu, and finishStop runs once Stop
-	// holds advMu (or on the advancer itself, after its advance).
+	// holds advMu (or on the advancer itself, after its advance), or a later Stop on the
+	// advancer closes it once closing is closed, from when the advancer queues nothing
+	// (laterStop).
 	quit chan struct{}
 
 	// Stop: the first call wins closed (CAS) and runs stop; closing is closed as it starts, so
@@ -108,9 +110,23 @@ type Wheel struct {
 	// be quit, since workers must still empty the queue after that advancer's last send. stopped
 	// is closed once the first Stop has finished. Later calls wait on stopped, unless they run
 	// on one of the goroutines the first Stop may be waiting for (a worker, or the manual
-	// advancer): those return at once.
+	// advancer): those wait for the other callbacks (laterStop).
 	closing chan struct{}
 	stopped chan struct{}
+	// quitOnce closes quit: in finishStop, or earlier in a later Stop on the manual advancer
+	// (laterStop), which holds advMu and so would otherwise wait for the first Stop's step 1.
+	quitOnce sync.Once
+	// advOver is closed by the first Stop once no manual advance is in progress and none will
+	// dispatch again (step 1): from then on no callback runs on the advancer's goroutine but
+	// those of a Stop up its stack. On the system clock it is closed as Stop starts.
+	advOver chan struct{}
+	// The goroutines inside a Stop called from a callback, for later Stops from callbacks, which
+	// wait for every other callback but not for those (laterStop). inStop[i] counts the Stop
+	// calls in progress on worker i's goroutine, inStop[len(pool.done)] those on the manual
+	// advancer's; stopChanged is closed, and replaced, at every change. Both guarded by stopMu.
+	stopMu      sync.Mutex
+	inStop      []int
+	stopChanged chan struct{}
 	// stopHandoff: a callback of finishStop's drain on a worker called runtime.Goexit, so the
 	// first Stop never returns; that worker's replacement (work) runs the rest of the queue and
 	// closes stopped as it exits, the last of the workers. Set by the dying goroutine before
@@ -158,6 +174,7 @@ func New(opts ...Option) (*Wheel, error) {
 		opts:     o,
 		closing:  make(chan struct{}),
 		stopped:  make(chan struct{}),
+		advOver:  make(chan struct{}),
 		rejected: xsync.NewCounter(),
 		panics:   xsync.NewCounter(),
 		dropped:  xsync.NewCounter(),
@@ -186,6 +203,8 @@ func New(opts ...Option) (*Wheel, error) {
 		s.init(w, o.ringSize)
 	}
 	w.pool.init(o.workers, o.queueSize, w.manual != nil)
+	w.inStop = make([]int, len(w.pool.done)+1)
+	w.stopChanged = make(chan struct{})
 	w.startWorkers()
 	if w.manual != nil {
 		w.manual.attach(w)
@@ -345,28 +364,109 @@ func isClosed(c chan struct{}) bool {
 // their end before Stop returns, and every goroutine the wheel started has exited by then. A
 // deadline context whose timer Stop dropped is handed to a runtime timer (time.AfterFunc, as
 // context.WithDeadline arms), which ends it at its deadline, after Stop has returned.
-// Safe to call more than once and from several goroutines: later calls wait for the first to
-// finish and return 0, except on a goroutine the first may be waiting for (inside a callback),
-// where they return 0 at once. Called from inside a callback, Stop waits for every other callback
-// but not for the one it is called from, and the callbacks that fired with it and were to run
-// after it on the same goroutine still run after Stop returns. After Stop, scheduling returns
-// ErrClosed and Len is 0.
+// Safe to call more than once and from several goroutines: later calls return 0, once the first
+// has finished and every worker has exited (the first may be a callback's). Called from inside a callback, Stop (the first call or a later one) waits for
+// every other callback but not for the one it is called from, nor for callbacks that are
+// themselves inside a Stop (two callbacks that each waited for the other would never return);
+// the callbacks that fired with it and were to run after it on the same goroutine still run
+// after Stop returns. After Stop, scheduling returns ErrClosed and Len is 0.
 func (w *Wheel) Stop() int {
 	if w.closed.CompareAndSwap(false, true) {
 		return w.stop()
 	}
 	self := goid()
-	if w.advancer.Load() != self && !w.isWorker(self) {
+	mine, adv := w.workerIndex(self), w.manual != nil && w.advancer.Load() == self
+	if mine < 0 && !adv {
+		// The first Stop may run in a callback, on a worker that exits only after it returns.
 		<-w.stopped
+		for _, done := range w.pool.done {
+			<-done
+		}
+		return 0
 	}
+	w.laterStop(mine, adv)
 	return 0
 }
+
+// laterStop is a later Stop called from a callback, on worker mine (-1 if none) or on the manual
+// advancer (adv), or both (a worker's callback that called Advance). It cannot wait for stopped,
+// since the first Stop waits for this goroutine (its worker's exit, or advMu); it waits for what
+// stopped stands for, less itself: every other worker has exited or is inside a Stop itself,
+// and no advance runs callbacks elsewhere (advOver) unless its goroutine is inside a Stop.
+//
+// Why it cannot deadlock. It marks itself inside a Stop before it waits, so nobody who waits
+// in laterStop waits for it; the first Stop waits for nobody in laterStop but through their
+// exit, which follows their return. The workers exit once quit is closed, which the first
+// Stop does after step 1 without waiting for anyone in laterStop, unless step 1 waits for advMu
+// and the advancer is here, in a callback of its advance: then the advancer closes quit itself.
+// That keeps quit's rule (closed once nobody can queue a chunk): with a manual clock only the
+// advancer queues, and once closing is closed (the first Stop closes it as it starts) it runs
+// every chunk itself (dispatch); its last send came before the callback we are in started, and
+// the workers drain the queue before they exit.
+func (w *Wheel) laterStop(mine int, adv bool) {
+	advSlot := len(w.pool.done)
+	w.markStop(mine, adv, 1)
+	defer w.markStop(mine, adv, -1)
+	if adv {
+		<-w.closing // the first Stop closes it as it starts: from then on dispatch queues nothing
+		w.quitWorkers()
+	} else {
+		w.awaitQuiet(advSlot, w.advOver)
+	}
+	for j, done := range w.pool.done {
+		if j != mine {
+			w.awaitQuiet(j, done)
+		}
+	}
+}
+
+// markStop adds d to the Stop calls in progress on worker mine (if mine >= 0) and on the manual
+// advancer (if adv), and wakes those who wait for a change (awaitQuiet).
+func (w *Wheel) markStop(mine int, adv bool, d int) {
+	w.stopMu.Lock()
+	if mine >= 0 {
+		w.inStop[mine] += d
+	}
+	if adv {
+		w.inStop[len(w.pool.done)] += d
+	}
+	close(w.stopChanged)
+	w.stopChanged = make(chan struct{})
+	w.stopMu.Unlock()
+}
+
+// awaitQuiet waits until over is closed (worker k exited, or for the advancer's slot, advOver)
+// or the goroutine of slot k is inside a Stop.
+func (w *Wheel) awaitQuiet(k int, over chan struct{}) {
+	for {
+		w.stopMu.Lock()
+		in, changed := w.inStop[k], w.stopChanged
+		w.stopMu.Unlock()
+		if in > 0 {
+			return
+		}
+		select {
+		case <-over:
+			return
+		case <-changed:
+		}
+	}
+}
+
+// quitWorkers closes quit (once).
+func (w *Wheel) quitWorkers() { w.quitOnce.Do(func() { close(w.quit) }) }
 
 // stop runs the shutdown; the caller won closed.
 func (w *Wheel) stop() int {
 	close(w.closing)
 	self := goid()
 	onAdvancer := w.manual != nil && w.advancer.Load() == self
+	// Called from a callback (on a worker, or on the manual advancer), this goroutine is inside
+	// a Stop: later Stops from callbacks do not wait for it (laterStop).
+	if mine := w.workerIndex(self); mine >= 0 || onAdvancer {
+		w.markStop(mine, onAdvancer, 1)
+		defer w.markStop(mine, onAdvancer, -1)
+	}
 
 	// 1. With a manual clock, wait for a running Advance (unless Stop is called from a callback
 	// that it runs, WithWorkers(0) or CallerRuns: the advance is up this goroutine's stack in
@@ -381,6 +481,7 @@ func (w *Wheel) stop() int {
 			defer w.advMu.Unlock()
 		}
 	}
+	close(w.advOver)
 
 	// 2. Close every ring and drop what is pending. A push that claimed its slot before the
 	// close is accepted and is dropped here; one after it returns ErrClosed. An advancer holds
@@ -441,7 +542,7 @@ func (w *Wheel) dropOwnRuns(self int64) int {
 // in the queue and only then, as the last worker to exit, releases later Stop calls (work;
 // review 30), so that they still return only once every callback handed to the pool has run.
 func (w *Wheel) finishStop(self int64) {
-	close(w.quit)
+	w.quitWorkers()
 	mine := -1
 	for i, done := range w.pool.done {
 		if w.pool.gids[i].Load() == self {

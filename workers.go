@@ -89,13 +89,16 @@ func (w *Wheel) startWorkers() {
 }
 
 // isWorker reports whether the goroutine with id g is one of the pool's workers.
-func (w *Wheel) isWorker(g int64) bool {
+func (w *Wheel) isWorker(g int64) bool { return w.workerIndex(g) >= 0 }
+
+// workerIndex returns the index of the worker whose goroutine is g, or -1.
+func (w *Wheel) workerIndex(g int64) int {
 	for i := range w.pool.gids {
 		if w.pool.gids[i].Load() == g {
-			return true
+			return i
 		}
 	}
-	return false
+	return -1
 }
 
 // other is the counters' slot of goroutines other than the workers.
