@@ -317,6 +317,9 @@ func (w *Wheel) advanceManual(limit, self int64) {
 		clear(w.batch)
 		w.batch = w.batch[:0]
 		w.advancer.Store(0)
+		if w.closed.Load() {
+			w.advancesOver() // a Stop in a callback of this advance waits no more for it
+		}
 		w.advMu.Unlock()
 		if w.rerun.Load() && !w.closed.Load() {
 			// To the clock's time, not limit: the rounds that would have gone on from limit
@@ -332,6 +335,11 @@ func (w *Wheel) advanceManual(limit, self int64) {
 			w.advance(onWorker, limit)
 			w.trimIdle(w.nanos()) // issue 11: give idle chunks back (trim.go)
 			w.advancer.Store(0)
+		}
+		if w.closed.Load() {
+			// Stop began: the rest of the batch ran, and no advance of this wheel runs
+			// callbacks again (a Stop on this goroutine did not close advOver: shardwheel.go).
+			w.advancesOver()
 		}
 		if w.rerun.Load() && !w.closed.Load() {
 			continue

@@ -116,10 +116,12 @@ type Wheel struct {
 	// quitOnce closes quit: in finishStop, or earlier in a later Stop on the manual advancer
 	// (laterStop), which holds advMu and so would otherwise wait for the first Stop's step 1.
 	quitOnce sync.Once
-	// advOver is closed by the first Stop once no manual advance is in progress and none will
-	// dispatch again (step 1): from then on no callback runs on the advancer's goroutine but
-	// those of a Stop up its stack. On the system clock it is closed as Stop starts.
-	advOver chan struct{}
+	// advOver is closed (advancesOver, once) when, the wheel closed, no manual advance runs
+	// callbacks any more and none will: by the first Stop once it holds advMu, or, when that
+	// Stop runs in a callback of the advance (on the advancer), by advanceManual as that advance
+	// ends, the rest of its batch run. On the system clock it is closed as Stop starts.
+	advOver     chan struct{}
+	advOverOnce sync.Once
 	// The goroutines inside a Stop called from a callback, for later Stops from callbacks, which
 	// wait for every other callback but not for those (laterStop). inStop[i] counts the Stop
 	// calls in progress on worker i's goroutine, inStop[len(pool.done)] those on the manual
@@ -367,8 +369,8 @@ func isClosed(c chan struct{}) bool {
 // Safe to call more than once and from several goroutines: later calls return 0, once the first
 // has finished and every worker has exited (the first may be a callback's). Called from inside a callback, Stop (the first call or a later one) waits for
 // every other callback but not for the one it is called from, nor for callbacks that are
-// themselves inside a Stop (two callbacks that each waited for the other would never return);
-// the callbacks that fired with it and were to run after it on the same goroutine still run
+// themselves inside a Stop (two callbacks that each waited for the other would never return),
+// nor for what their goroutine runs after that Stop returns; the callbacks that fired with it and were to run after it on the same goroutine still run
 // after Stop returns. After Stop, scheduling returns ErrClosed and Len is 0.
 func (w *Wheel) Stop() int {
 	if w.closed.CompareAndSwap(false, true) {
@@ -377,11 +379,13 @@ func (w *Wheel) Stop() int {
 	self := goid()
 	mine, adv := w.workerIndex(self), w.manual != nil && w.advancer.Load() == self
 	if mine < 0 && !adv {
-		// The first Stop may run in a callback, on a worker that exits only after it returns.
+		// The first Stop may run in a callback: on a worker, which exits only after it
+		// returns, or on the manual advancer, whose batch goes on after it (advOver).
 		<-w.stopped
 		for _, done := range w.pool.done {
 			<-done
 		}
+		<-w.advOver
 		return 0
 	}
 	w.laterStop(mine, adv)
@@ -391,22 +395,32 @@ func (w *Wheel) Stop() int {
 // laterStop is a later Stop called from a callback, on worker mine (-1 if none) or on the manual
 // advancer (adv), or both (a worker's callback that called Advance). It cannot wait for stopped,
 // since the first Stop waits for this goroutine (its worker's exit, or advMu); it waits for what
-// stopped stands for, less itself: every other worker has exited or is inside a Stop itself,
-// and no advance runs callbacks elsewhere (advOver) unless its goroutine is inside a Stop.
+// stopped stands for, less itself:
+//  1. every other worker has exited or is inside a Stop itself;
+//  2. off the advancer, no advance runs callbacks any more (advOver), unless the first Stop
+//     runs on the advancer (then the rest of its batch runs after it returns, as README says);
+//  3. and it runs what is left in the queue itself, as finishStop does: callbacks handed to the
+//     pool run before Stop returns. By then nobody queues any more: the workers not inside a
+//     Stop have exited, and the manual advancer runs every chunk itself once closing is closed.
+//     A worker inside a Stop may queue again after it returns; it runs that chunk itself before
+//     it exits (work), after this call may have returned.
 //
-// Why it cannot deadlock. It marks itself inside a Stop before it waits, so nobody who waits
-// in laterStop waits for it; the first Stop waits for nobody in laterStop but through their
-// exit, which follows their return. The workers exit once quit is closed, which the first
+// Why it cannot deadlock. It marks its worker inside a Stop before it waits, so nobody who
+// waits in laterStop waits for it; the first Stop waits for nobody in laterStop but through
+// their exit, which follows their return. The workers exit once quit is closed, which the first
 // Stop does after step 1 without waiting for anyone in laterStop, unless step 1 waits for advMu
 // and the advancer is here, in a callback of its advance: then the advancer closes quit itself.
 // That keeps quit's rule (closed once nobody can queue a chunk): with a manual clock only the
 // advancer queues, and once closing is closed (the first Stop closes it as it starts) it runs
 // every chunk itself (dispatch); its last send came before the callback we are in started, and
-// the workers drain the queue before they exit.
+// the workers drain the queue before they exit. A laterStop on the advancer does not mark the
+// advancer's slot, so the later Stops of workers wait for the rest of its batch (advOver): it
+// waits for none of them, as each is marked. Only a first Stop on the advancer marks it, since
+// that Stop waits for every worker and advOver waits for that Stop's return.
 func (w *Wheel) laterStop(mine int, adv bool) {
 	advSlot := len(w.pool.done)
-	w.markStop(mine, adv, 1)
-	defer w.markStop(mine, adv, -1)
+	w.markStop(mine, false, 1)
+	defer w.markStop(mine, false, -1)
 	if adv {
 		<-w.closing // the first Stop closes it as it starts: from then on dispatch queues nothing
 		w.quitWorkers()
@@ -418,6 +432,11 @@ func (w *Wheel) laterStop(mine int, adv bool) {
 			w.awaitQuiet(j, done)
 		}
 	}
+	wk := w.pool.other()
+	if mine >= 0 {
+		wk = &w.pool.ws[mine]
+	}
+	w.drainQueue(wk)
 }
 
 // markStop adds d to the Stop calls in progress on worker mine (if mine >= 0) and on the manual
@@ -456,6 +475,28 @@ func (w *Wheel) awaitQuiet(k int, over chan struct{}) {
 // quitWorkers closes quit (once).
 func (w *Wheel) quitWorkers() { w.quitOnce.Do(func() { close(w.quit) }) }
 
+// advancesOver closes advOver (once).
+func (w *Wheel) advancesOver() { w.advOverOnce.Do(func() { close(w.advOver) }) }
+
+// drainQueue runs what is in the queue on this goroutine, in slot wk, until the queue is empty.
+// A shard to advance is dropped: after Stop nothing is advanced (and advanceShard, on this
+// goroutine, would take wk.batch, which a runFrom up this stack may be running).
+func (w *Wheel) drainQueue(wk *worker) {
+	for {
+		select {
+		case c := <-w.pool.queue:
+			if c.adv != nil {
+				c.adv = nil
+				chunkPool.Put(c)
+				continue
+			}
+			w.runChunk(c, wk, true)
+		default:
+			return
+		}
+	}
+}
+
 // stop runs the shutdown; the caller won closed.
 func (w *Wheel) stop() int {
 	close(w.closing)
@@ -479,9 +520,11 @@ func (w *Wheel) stop() int {
 		if !onAdvancer {
 			w.advMu.Lock()
 			defer w.advMu.Unlock()
-		}
+			w.advancesOver() // detached: no advance will take advMu for this wheel again
+		} // else advanceManual closes advOver as the advance up this stack ends
+	} else {
+		w.advancesOver()
 	}
-	close(w.advOver)
 
 	// 2. Close every ring and drop what is pending. A push that claimed its slot before the
 	// close is accepted and is dropped here; one after it returns ErrClosed. An advancer holds
@@ -563,21 +606,6 @@ func (w *Wheel) finishStop(self int64) {
 		}
 		w.stopHandoff.Store(true) // before work's deferred call starts the replacement
 	}()
-	wk := &w.pool.ws[mine]
-	for {
-		select {
-		case c := <-w.pool.queue:
-			if c.adv != nil {
-				// A shard to advance: after Stop nothing is advanced (and advanceShard, on this
-				// goroutine, would take wk.batch, which a runFrom up this stack is running).
-				c.adv = nil
-				chunkPool.Put(c)
-				continue
-			}
-			w.runChunk(c, wk, true)
-		default:
-			drained = true
-			return
-		}
-	}
+	w.drainQueue(&w.pool.ws[mine])
+	drained = true
 }
