@@ -125,9 +125,13 @@ type Wheel struct {
 	// The goroutines inside a Stop called from a callback, for later Stops from callbacks, which
 	// wait for every other callback but not for those (laterStop). inStop[i] counts the Stop
 	// calls in progress on worker i's goroutine, inStop[len(pool.done)] those on the manual
-	// advancer's; stopChanged is closed, and replaced, at every change. Both guarded by stopMu.
+	// advancer's; drained[i] the chunks a Stop on that goroutine took from the queue and is
+	// running (drainQueue). A goroutine's stack alternates callbacks and Stops, so it is quiet,
+	// in a Stop and not in a callback that Stop runs, exactly when inStop > drained.
+	// stopChanged is closed, and replaced, at every change. All guarded by stopMu.
 	stopMu      sync.Mutex
 	inStop      []int
+	drained     []int
 	stopChanged chan struct{}
 	// stopHandoff: a callback of finishStop's drain on a worker called runtime.Goexit, so the
 	// first Stop never returns; that worker's replacement (work) runs the rest of the queue and
@@ -206,6 +210,7 @@ func New(opts ...Option) (*Wheel, error) {
 	}
 	w.pool.init(o.workers, o.queueSize, w.manual != nil)
 	w.inStop = make([]int, len(w.pool.done)+1)
+	w.drained = make([]int, len(w.pool.done)+1)
 	w.stopChanged = make(chan struct{})
 	w.startWorkers()
 	if w.manual != nil {
@@ -367,11 +372,12 @@ func isClosed(c chan struct{}) bool {
 // deadline context whose timer Stop dropped is handed to a runtime timer (time.AfterFunc, as
 // context.WithDeadline arms), which ends it at its deadline, after Stop has returned.
 // Safe to call more than once and from several goroutines: later calls return 0, once the first
-// has finished and every worker has exited (the first may be a callback's). Called from inside a callback, Stop (the first call or a later one) waits for
-// every other callback but not for the one it is called from, nor for callbacks that are
-// themselves inside a Stop (two callbacks that each waited for the other would never return),
-// nor for what their goroutine runs after that Stop returns; the callbacks that fired with it and were to run after it on the same goroutine still run
-// after Stop returns. After Stop, scheduling returns ErrClosed and Len is 0.
+// has finished and every worker has exited (the first may be a callback's). Called from inside
+// a callback, Stop (the first call or a later one) waits for every other callback but not for
+// the one it is called from, nor for callbacks that are themselves inside a Stop (two callbacks
+// that each waited for the other would never return), nor for what their goroutine runs after
+// that Stop returns; the callbacks that fired with it and were to run after it on the same
+// goroutine still run after Stop returns. After Stop, scheduling returns ErrClosed and Len is 0.
 func (w *Wheel) Stop() int {
 	if w.closed.CompareAndSwap(false, true) {
 		return w.stop()
@@ -404,6 +410,9 @@ func (w *Wheel) Stop() int {
 //     Stop have exited, and the manual advancer runs every chunk itself once closing is closed.
 //     A worker inside a Stop may queue again after it returns; it runs that chunk itself before
 //     it exits (work), after this call may have returned.
+//  4. Another Stop may have taken a chunk from the queue before this one came to it: it waits
+//     once more for every other worker to be quiet, which a worker running a drained callback
+//     is not (review 43). No Stop waits for this one then: it is marked, and runs nothing.
 //
 // Why it cannot deadlock. It marks its worker inside a Stop before it waits, so nobody who
 // waits in laterStop waits for it; the first Stop waits for nobody in laterStop but through
@@ -432,11 +441,16 @@ func (w *Wheel) laterStop(mine int, adv bool) {
 			w.awaitQuiet(j, done)
 		}
 	}
-	wk := w.pool.other()
+	k, wk := len(w.pool.done), w.pool.other()
 	if mine >= 0 {
-		wk = &w.pool.ws[mine]
+		k, wk = mine, &w.pool.ws[mine]
 	}
-	w.drainQueue(wk)
+	w.drainQueue(k, wk)
+	for j, done := range w.pool.done {
+		if j != mine {
+			w.awaitQuiet(j, done)
+		}
+	}
 }
 
 // markStop adds d to the Stop calls in progress on worker mine (if mine >= 0) and on the manual
@@ -454,14 +468,23 @@ func (w *Wheel) markStop(mine int, adv bool, d int) {
 	w.stopMu.Unlock()
 }
 
+// markDrained adds d to the drained chunks running in slot k, and wakes those who wait.
+func (w *Wheel) markDrained(k, d int) {
+	w.stopMu.Lock()
+	w.drained[k] += d
+	close(w.stopChanged)
+	w.stopChanged = make(chan struct{})
+	w.stopMu.Unlock()
+}
+
 // awaitQuiet waits until over is closed (worker k exited, or for the advancer's slot, advOver)
-// or the goroutine of slot k is inside a Stop.
+// or the goroutine of slot k is inside a Stop and not in a callback that Stop runs.
 func (w *Wheel) awaitQuiet(k int, over chan struct{}) {
 	for {
 		w.stopMu.Lock()
-		in, changed := w.inStop[k], w.stopChanged
+		quiet, changed := w.inStop[k] > w.drained[k], w.stopChanged
 		w.stopMu.Unlock()
-		if in > 0 {
+		if quiet {
 			return
 		}
 		select {
@@ -478,10 +501,11 @@ func (w *Wheel) quitWorkers() { w.quitOnce.Do(func() { close(w.quit) }) }
 // advancesOver closes advOver (once).
 func (w *Wheel) advancesOver() { w.advOverOnce.Do(func() { close(w.advOver) }) }
 
-// drainQueue runs what is in the queue on this goroutine, in slot wk, until the queue is empty.
-// A shard to advance is dropped: after Stop nothing is advanced (and advanceShard, on this
-// goroutine, would take wk.batch, which a runFrom up this stack may be running).
-func (w *Wheel) drainQueue(wk *worker) {
+// drainQueue runs what is in the queue on this goroutine, a Stop's, in slot wk (index k in
+// inStop) until the queue is empty. A shard to advance is dropped: after Stop nothing is
+// advanced (and advanceShard, on this goroutine, would take wk.batch, which a runFrom up this
+// stack may be running).
+func (w *Wheel) drainQueue(k int, wk *worker) {
 	for {
 		select {
 		case c := <-w.pool.queue:
@@ -490,11 +514,19 @@ func (w *Wheel) drainQueue(wk *worker) {
 				chunkPool.Put(c)
 				continue
 			}
-			w.runChunk(c, wk, true)
+			w.runDrained(k, c, wk)
 		default:
 			return
 		}
 	}
+}
+
+// runDrained runs a chunk that a Stop took from the queue; the slot is not quiet meanwhile
+// (awaitQuiet), also if a callback of it calls runtime.Goexit.
+func (w *Wheel) runDrained(k int, c *chunk, wk *worker) {
+	w.markDrained(k, 1)
+	defer w.markDrained(k, -1)
+	w.runChunk(c, wk, true)
 }
 
 // stop runs the shutdown; the caller won closed.
@@ -606,6 +638,6 @@ func (w *Wheel) finishStop(self int64) {
 		}
 		w.stopHandoff.Store(true) // before work's deferred call starts the replacement
 	}()
-	w.drainQueue(&w.pool.ws[mine])
+	w.drainQueue(mine, &w.pool.ws[mine])
 	drained = true
 }
