@@ -241,16 +241,14 @@ func TestReview42PinWrapRevertStillDueKeepsOrder(t *testing.T) {
 	require.Equal(t, uint64(2), st.Fired)
 }
 
-// TestReview42FixedLaterStopOnWorkerSkipsAdvancerBatch: the doc of Stop: a Stop from a callback
-// waits for every other callback "nor for callbacks that are themselves inside a Stop". On a
-// manual clock with CallerRuns, the Advance runs X and Y (one batch) itself; a goroutine outside
-// is in the first Stop, waiting for advMu. X calls Stop (a later one, on the advancer:
-// laterStop closes quit and waits for the worker). A, on the worker, then calls Stop: laterStop
-// finds the advancer's slot inside a Stop (X's) and returns at once; Y, which is not inside a
-// Stop, runs on the advancer only after that. Nothing forced A not to wait: X's Stop does not
-// wait for A (A is inside a Stop), so Y and then the first Stop's step 1 (advOver) come, as the
-// first Stop from A would have waited for them (advMu).
-func TestReview42FixedLaterStopOnWorkerSkipsAdvancerBatch(t *testing.T) {
+// TestReview42PinLaterStopOnWorkerBesideAdvancerStop: on a manual clock with CallerRuns, the
+// Advance runs X and Y (one batch) itself; a goroutine outside is in the first Stop, waiting for
+// advMu. X calls Stop (a later one, on the advancer: laterStop closes quit and waits for the
+// worker). A, on the worker, then calls Stop. Review 42 asked A's Stop to wait for Y; review 44
+// showed that waiting deadlocks when Y waits for A's Stop, and Stop's doc excepts Y (what X's
+// goroutine runs after X's Stop returned). So A's Stop may return before Y or after it; pinned
+// here: nothing deadlocks, Y runs once, before the first Stop returns, which returns 0.
+func TestReview42PinLaterStopOnWorkerBesideAdvancerStop(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	clk := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clk), WithWorkers(1), WithShards(1), WithQueueSize(1),
@@ -307,7 +305,6 @@ func TestReview42FixedLaterStopOnWorkerSkipsAdvancerBatch(t *testing.T) {
 	wait42(t, aOut, "A's Stop to return")
 	wait42(t, advanced, "the Advance")
 	require.Equal(t, 0, wait42(t, first, "the first Stop"))
-	require.True(t, yRan.Load())
-	require.True(t, yRanAtA.Load(),
-		"a later Stop on the worker returned before callback Y, which the advancer ran after X's Stop")
+	require.True(t, yRan.Load(), "Y ran before the first Stop returned")
+	_ = yRanAtA.Load() // either way: Stop's doc excepts Y for A
 }

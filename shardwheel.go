@@ -28,6 +28,7 @@ package shardwheel
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -128,10 +129,14 @@ type Wheel struct {
 	// advancer's; drained[i] the chunks a Stop on that goroutine took from the queue and is
 	// running (drainQueue). A goroutine's stack alternates callbacks and Stops, so it is quiet,
 	// in a Stop and not in a callback that Stop runs, exactly when inStop > drained.
-	// stopChanged is closed, and replaced, at every change. All guarded by stopMu.
+	// stopsDone[i] counts the Stop calls on that goroutine that have returned: once it moved,
+	// what the goroutine ran inside that Stop has ended, and what it runs after is not waited
+	// for (review 44). stopChanged is closed, and replaced, at every change. All guarded by
+	// stopMu.
 	stopMu      sync.Mutex
 	inStop      []int
 	drained     []int
+	stopsDone   []uint64
 	stopChanged chan struct{}
 	// stopHandoff: a callback of finishStop's drain on a worker called runtime.Goexit, so the
 	// first Stop never returns; that worker's replacement (work) runs the rest of the queue and
@@ -211,6 +216,7 @@ func New(opts ...Option) (*Wheel, error) {
 	w.pool.init(o.workers, o.queueSize, w.manual != nil)
 	w.inStop = make([]int, len(w.pool.done)+1)
 	w.drained = make([]int, len(w.pool.done)+1)
+	w.stopsDone = make([]uint64, len(w.pool.done)+1)
 	w.stopChanged = make(chan struct{})
 	w.startWorkers()
 	if w.manual != nil {
@@ -401,11 +407,13 @@ func (w *Wheel) Stop() int {
 // laterStop is a later Stop called from a callback, on worker mine (-1 if none) or on the manual
 // advancer (adv), or both (a worker's callback that called Advance). It cannot wait for stopped,
 // since the first Stop waits for this goroutine (its worker's exit, or advMu); it waits for what
-// stopped stands for, less itself:
-//  1. every other worker has exited or is inside a Stop itself;
-//  2. off the advancer, no advance runs callbacks any more (advOver), unless the first Stop
-//     runs on the advancer (then the rest of its batch runs after it returns, as README says);
-//  3. and it runs what is left in the queue itself, as finishStop does: callbacks handed to the
+// stopped stands for, less what Stop's doc excepts. A goroutine counts as done with (quiet,
+// awaitQuiet) once it exited, or it is inside a Stop and not in a callback that Stop runs, or a
+// Stop on it returned since this one began (what it ran inside has ended; what it runs after is
+// excepted, and waiting for it could deadlock: review 44).
+//  1. Off the advancer, the advancer is quiet, or no advance runs callbacks any more (advOver).
+//  2. Every other worker is quiet.
+//  3. It runs what is left in the queue itself, as finishStop does: callbacks handed to the
 //     pool run before Stop returns. By then nobody queues any more: the workers not inside a
 //     Stop have exited, and the manual advancer runs every chunk itself once closing is closed.
 //     A worker inside a Stop may queue again after it returns; it runs that chunk itself before
@@ -414,7 +422,7 @@ func (w *Wheel) Stop() int {
 //     once more for every other worker to be quiet, which a worker running a drained callback
 //     is not (review 43). No Stop waits for this one then: it is marked, and runs nothing.
 //
-// Why it cannot deadlock. It marks its worker inside a Stop before it waits, so nobody who
+// Why it cannot deadlock. It marks its goroutine inside a Stop before it waits, so nobody who
 // waits in laterStop waits for it; the first Stop waits for nobody in laterStop but through
 // their exit, which follows their return. The workers exit once quit is closed, which the first
 // Stop does after step 1 without waiting for anyone in laterStop, unless step 1 waits for advMu
@@ -422,50 +430,54 @@ func (w *Wheel) Stop() int {
 // That keeps quit's rule (closed once nobody can queue a chunk): with a manual clock only the
 // advancer queues, and once closing is closed (the first Stop closes it as it starts) it runs
 // every chunk itself (dispatch); its last send came before the callback we are in started, and
-// the workers drain the queue before they exit. A laterStop on the advancer does not mark the
-// advancer's slot, so the later Stops of workers wait for the rest of its batch (advOver): it
-// waits for none of them, as each is marked. Only a first Stop on the advancer marks it, since
-// that Stop waits for every worker and advOver waits for that Stop's return.
+// the workers drain the queue before they exit.
 func (w *Wheel) laterStop(mine int, adv bool) {
 	advSlot := len(w.pool.done)
-	w.markStop(mine, false, 1)
-	defer w.markStop(mine, false, -1)
+	since := w.markStop(mine, adv, 1)
+	defer w.markStop(mine, adv, -1)
 	if adv {
 		<-w.closing // the first Stop closes it as it starts: from then on dispatch queues nothing
 		w.quitWorkers()
 	} else {
-		w.awaitQuiet(advSlot, w.advOver)
+		w.awaitQuiet(advSlot, w.advOver, since)
 	}
-	for j, done := range w.pool.done {
-		if j != mine {
-			w.awaitQuiet(j, done)
+	others := func() {
+		for j, done := range w.pool.done {
+			if j != mine {
+				w.awaitQuiet(j, done, since)
+			}
 		}
 	}
-	k, wk := len(w.pool.done), w.pool.other()
+	others()
+	k, wk := advSlot, w.pool.other()
 	if mine >= 0 {
 		k, wk = mine, &w.pool.ws[mine]
 	}
 	w.drainQueue(k, wk)
-	for j, done := range w.pool.done {
-		if j != mine {
-			w.awaitQuiet(j, done)
-		}
-	}
+	others()
 }
 
 // markStop adds d to the Stop calls in progress on worker mine (if mine >= 0) and on the manual
-// advancer (if adv), and wakes those who wait for a change (awaitQuiet).
-func (w *Wheel) markStop(mine int, adv bool, d int) {
+// advancer (if adv), counting a return (d < 0) in stopsDone, and wakes those who wait for a
+// change (awaitQuiet). It returns a copy of stopsDone as it left it, for awaitQuiet.
+func (w *Wheel) markStop(mine int, adv bool, d int) []uint64 {
 	w.stopMu.Lock()
+	defer w.stopMu.Unlock()
+	mark := func(k int) {
+		w.inStop[k] += d
+		if d < 0 {
+			w.stopsDone[k]++
+		}
+	}
 	if mine >= 0 {
-		w.inStop[mine] += d
+		mark(mine)
 	}
 	if adv {
-		w.inStop[len(w.pool.done)] += d
+		mark(len(w.pool.done))
 	}
 	close(w.stopChanged)
 	w.stopChanged = make(chan struct{})
-	w.stopMu.Unlock()
+	return slices.Clone(w.stopsDone)
 }
 
 // markDrained adds d to the drained chunks running in slot k, and wakes those who wait.
@@ -477,12 +489,14 @@ func (w *Wheel) markDrained(k, d int) {
 	w.stopMu.Unlock()
 }
 
-// awaitQuiet waits until over is closed (worker k exited, or for the advancer's slot, advOver)
-// or the goroutine of slot k is inside a Stop and not in a callback that Stop runs.
-func (w *Wheel) awaitQuiet(k int, over chan struct{}) {
+// awaitQuiet waits until over is closed (worker k exited, or for the advancer's slot, advOver),
+// or the goroutine of slot k is inside a Stop and not in a callback that Stop runs, or a Stop
+// on it returned since the caller's began (since: markStop's copy).
+func (w *Wheel) awaitQuiet(k int, over chan struct{}, since []uint64) {
 	for {
 		w.stopMu.Lock()
-		quiet, changed := w.inStop[k] > w.drained[k], w.stopChanged
+		quiet := w.inStop[k] > w.drained[k] || w.stopsDone[k] != since[k]
+		changed := w.stopChanged
 		w.stopMu.Unlock()
 		if quiet {
 			return
