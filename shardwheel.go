@@ -129,9 +129,9 @@ type Wheel struct {
 	// advancer's; drained[i] the chunks a Stop on that goroutine took from the queue and is
 	// running (drainQueue). A goroutine's stack alternates callbacks and Stops, so it is quiet,
 	// in a Stop and not in a callback that Stop runs, exactly when inStop > drained.
-	// stopsDone[i] counts the Stop calls on that goroutine that have returned: once it moved,
-	// what the goroutine ran inside that Stop has ended, and what it runs after is not waited
-	// for (review 44). stopChanged is closed, and replaced, at every change. All guarded by
+	// stopsDone[i] counts the outermost Stop calls on that goroutine that have returned: once
+	// it moved, what the goroutine ran inside that Stop has ended, and what it runs after is not
+	// waited for (review 44). stopChanged is closed, and replaced, at every change. All guarded by
 	// stopMu.
 	stopMu      sync.Mutex
 	inStop      []int
@@ -433,8 +433,9 @@ func (w *Wheel) Stop() int {
 // the workers drain the queue before they exit.
 func (w *Wheel) laterStop(mine int, adv bool) {
 	advSlot := len(w.pool.done)
-	since := w.markStop(mine, adv, 1)
-	defer w.markStop(mine, adv, -1)
+	since := w.markStop(mine, adv, 1, false)
+	returned := false // a callback this Stop drains may call runtime.Goexit
+	defer func() { w.markStop(mine, adv, -1, returned) }()
 	if adv {
 		<-w.closing // the first Stop closes it as it starts: from then on dispatch queues nothing
 		w.quitWorkers()
@@ -455,17 +456,24 @@ func (w *Wheel) laterStop(mine int, adv bool) {
 	}
 	w.drainQueue(k, wk)
 	others()
+	if !adv {
+		w.awaitQuiet(advSlot, w.advOver, since) // the advancer's Stops drain too (review 45)
+	}
+	returned = true
 }
 
 // markStop adds d to the Stop calls in progress on worker mine (if mine >= 0) and on the manual
-// advancer (if adv), counting a return (d < 0) in stopsDone, and wakes those who wait for a
-// change (awaitQuiet). It returns a copy of stopsDone as it left it, for awaitQuiet.
-func (w *Wheel) markStop(mine int, adv bool, d int) []uint64 {
+// advancer (if adv), counting in stopsDone a Stop that returned and was the outermost on its
+// goroutine (review 45: a nested Stop that returns leaves the goroutine inside the outer one,
+// which goes on running what it drains; and one that a runtime.Goexit unwound leaves a
+// replacement goroutine running callbacks the waiters must wait for), and wakes those who wait
+// for a change (awaitQuiet). It returns a copy of stopsDone as it left it, for awaitQuiet.
+func (w *Wheel) markStop(mine int, adv bool, d int, returned bool) []uint64 {
 	w.stopMu.Lock()
 	defer w.stopMu.Unlock()
 	mark := func(k int) {
 		w.inStop[k] += d
-		if d < 0 {
+		if returned && w.inStop[k] == 0 {
 			w.stopsDone[k]++
 		}
 	}
@@ -520,27 +528,29 @@ func (w *Wheel) advancesOver() { w.advOverOnce.Do(func() { close(w.advOver) }) }
 // advanced (and advanceShard, on this goroutine, would take wk.batch, which a runFrom up this
 // stack may be running).
 func (w *Wheel) drainQueue(k int, wk *worker) {
-	for {
-		select {
-		case c := <-w.pool.queue:
-			if c.adv != nil {
-				c.adv = nil
-				chunkPool.Put(c)
-				continue
-			}
-			w.runDrained(k, c, wk)
-		default:
-			return
-		}
+	for w.drainOne(k, wk) {
 	}
 }
 
-// runDrained runs a chunk that a Stop took from the queue; the slot is not quiet meanwhile
-// (awaitQuiet), also if a callback of it calls runtime.Goexit.
-func (w *Wheel) runDrained(k int, c *chunk, wk *worker) {
+// drainOne takes one chunk from the queue and runs it; false if the queue was empty. The slot
+// counts as running a drained chunk (awaitQuiet) from before it looks at the queue until the
+// chunk has run, also if a callback of it calls runtime.Goexit: marked only after the receive,
+// a chunk just taken would let a waiter find the slot quiet and the queue empty (review 45).
+func (w *Wheel) drainOne(k int, wk *worker) bool {
 	w.markDrained(k, 1)
 	defer w.markDrained(k, -1)
-	w.runChunk(c, wk, true)
+	select {
+	case c := <-w.pool.queue:
+		if c.adv != nil {
+			c.adv = nil
+			chunkPool.Put(c)
+			return true
+		}
+		w.runChunk(c, wk, true)
+		return true
+	default:
+		return false
+	}
 }
 
 // stop runs the shutdown; the caller won closed.
@@ -550,9 +560,10 @@ func (w *Wheel) stop() int {
 	onAdvancer := w.manual != nil && w.advancer.Load() == self
 	// Called from a callback (on a worker, or on the manual advancer), this goroutine is inside
 	// a Stop: later Stops from callbacks do not wait for it (laterStop).
+	returned := false // a callback that finishStop drains may call runtime.Goexit
 	if mine := w.workerIndex(self); mine >= 0 || onAdvancer {
-		w.markStop(mine, onAdvancer, 1)
-		defer w.markStop(mine, onAdvancer, -1)
+		w.markStop(mine, onAdvancer, 1, false)
+		defer func() { w.markStop(mine, onAdvancer, -1, returned) }()
 	}
 
 	// 1. With a manual clock, wait for a running Advance (unless Stop is called from a callback
@@ -591,6 +602,7 @@ func (w *Wheel) stop() int {
 	// An Every whose run was in progress on another goroutine found its ring closed and counted
 	// itself in dropped before its worker exited; one whose run starts from now on has no next
 	// run to count (runPeriodic). Nothing else counts in dropped.
+	returned = true
 	return int(w.dropped.Value())
 }
 
