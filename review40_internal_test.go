@@ -22,9 +22,9 @@ func newWheel40(t *testing.T, opts ...Option) (*Wheel, *ManualClock) {
 	return w, clk
 }
 
-// books40 requires Scheduled == Fired + Stopped + Dropped + Pending and Lateness.Count() ==
+// booksBalance requires Scheduled == Fired + Stopped + Dropped + Pending and Lateness.Count() ==
 // Fired on a quiet wheel.
-func books40(t *testing.T, w *Wheel) Stats {
+func booksBalance(t *testing.T, w *Wheel) Stats {
 	t.Helper()
 	st := w.Stats()
 	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending), "%+v", st)
@@ -70,7 +70,7 @@ func TestReview40PinQueuedResetBehindHeldSlot(t *testing.T) {
 	require.False(t, tm.Stop(), "a fired timer cannot be stopped")
 	require.False(t, tm.Reset(time.Millisecond), "a fired timer cannot be reset")
 	require.Zero(t, w.Len())
-	books40(t, w)
+	booksBalance(t, w)
 	require.NoError(t, w.Verify())
 	require.Zero(t, w.Stop())
 }
@@ -113,7 +113,7 @@ func TestReview40PinMaxPendingStopQueuedBehindHeld(t *testing.T) {
 	clk.Advance(time.Millisecond)
 	require.Equal(t, map[string]int{"held": 1, "U": 1}, ran)
 	require.Zero(t, w.Len())
-	st := books40(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(1), st.Stopped)
 	require.Equal(t, uint64(1), st.Rejected)
 
@@ -134,7 +134,7 @@ func TestReview40PinMaxPendingStopQueuedBehindHeld(t *testing.T) {
 	require.False(t, tm.Stop(), "T's stale handle does nothing to the entry's new owner")
 	require.Equal(t, 2, w.Len())
 	require.Equal(t, 2, w.Stop(), "both are pending at Stop")
-	books40(t, w)
+	booksBalance(t, w)
 }
 
 // TestReview40PinStaleResetCommandOnRegrownChunk (pin): a Reset paused after its release and
@@ -206,7 +206,7 @@ func TestReview40PinStaleResetCommandOnRegrownChunk(t *testing.T) {
 	clk.Advance(time.Millisecond)
 	require.Equal(t, []string{"n1", "n2"}, fired)
 	require.Zero(t, w.Len())
-	books40(t, w)
+	booksBalance(t, w)
 	require.NoError(t, w.Verify())
 	require.Zero(t, w.Stop())
 }
@@ -257,5 +257,5 @@ func TestReview40FixedOneShotResetVersionWrap(t *testing.T) {
 	require.Equal(t, 1, ran, "fires once, at the deadline of its last Reset")
 	require.Equal(t, last, ranAt)
 	require.False(t, tm.Stop())
-	books40(t, w)
+	booksBalance(t, w)
 }

@@ -17,16 +17,6 @@ import (
 
 // Review 41: an audit of the code against every sentence of API.md.
 
-// balance41 requires Scheduled == Fired + Stopped + Dropped + Pending and Lateness.Count() ==
-// Fired on a quiet wheel (API.md, "Introspection").
-func balance41(t *testing.T, w *Wheel) Stats {
-	t.Helper()
-	st := w.Stats()
-	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending), "%+v", st)
-	require.Equal(t, st.Fired, st.Lateness.Count(), "%+v", st)
-	return st
-}
-
 // TestReview41FixedStopFromCallbackDuringStopWaits: API.md, "Starting and stopping":
 // "Called from inside a callback, Stop waits for every other callback but not for the one it is
 // called from (no deadlock)." Here a goroutine outside the wheel has called Stop first and waits
@@ -106,7 +96,7 @@ func TestReview41PinLaterStopWaitsForFirst(t *testing.T) {
 	require.Equal(t, 5, <-first)
 	require.Equal(t, 0, w.Stop())
 	require.Equal(t, 0, w.Len())
-	st := balance41(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(5), st.Dropped)
 }
 
@@ -137,7 +127,7 @@ func TestReview41PinConcurrentStopsCountOnce(t *testing.T) {
 	}
 	require.Equal(t, n, sum)
 	require.Equal(t, 1, nonzero)
-	require.Equal(t, uint64(n), balance41(t, w).Dropped)
+	require.Equal(t, uint64(n), booksBalance(t, w).Dropped)
 }
 
 // TestReview41PinErrorsAfterStop: "After Stop, AfterFunc, AfterFuncArg and Every return
@@ -164,7 +154,7 @@ func TestReview41PinErrorsAfterStop(t *testing.T) {
 	require.False(t, ev.Stop())
 	clk.Advance(time.Hour)
 	require.Zero(t, w.Len())
-	st := balance41(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(4), st.Rejected)
 	require.Equal(t, uint64(2), st.Dropped)
 }
@@ -193,7 +183,7 @@ func TestReview41PinMaxPendingExact(t *testing.T) {
 	require.Equal(t, 3, ran)
 	require.NoError(t, inner)
 	require.Equal(t, 3, w.Len())
-	st := balance41(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(2), st.Rejected)
 }
 
@@ -213,7 +203,7 @@ func TestReview41PinLatenessBuckets(t *testing.T) {
 	require.Equal(t, uint64(2), h.Count())
 	require.Equal(t, BucketBound(20), h.Quantile(1))
 	require.Equal(t, time.Microsecond, h.Quantile(0.5))
-	balance41(t, w)
+	booksBalance(t, w)
 }
 
 // TestReview41PinHistogramEdges: bucket edges, and Quantile of an empty Histogram.
@@ -265,7 +255,7 @@ func TestReview41PinMaxDelayNotEarly(t *testing.T) {
 	require.Equal(t, 1, w.Len())
 	clk.Advance(1)
 	require.Equal(t, 1, ran)
-	balance41(t, w)
+	booksBalance(t, w)
 }
 
 // TestReview41PinStopQueuedCallback: Timer.Stop of a timer whose callback waits in the worker
@@ -288,7 +278,7 @@ func TestReview41PinStopQueuedCallback(t *testing.T) {
 	close(release)
 	require.Zero(t, w.Stop())
 	require.Zero(t, ran.Load())
-	st := balance41(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(1), st.Stopped)
 	require.Equal(t, 0, st.Queued)
 }
@@ -310,7 +300,7 @@ func TestReview41PinEveryPanicKeepsRunning(t *testing.T) {
 	require.Equal(t, []any{1, 2, 3}, got)
 	require.Equal(t, uint64(3), w.Stats().Panics)
 	require.True(t, tm.Stop())
-	balance41(t, w)
+	booksBalance(t, w)
 }
 
 // TestReview41PinKeyedSetWhileFiring: "A key fires at most once per arming, with the value of
@@ -341,7 +331,7 @@ func TestReview41PinKeyedSetWhileFiring(t *testing.T) {
 	require.Zero(t, k.Len())
 	require.False(t, k.Move(1, time.Second))
 	require.False(t, k.Remove(1))
-	balance41(t, w)
+	booksBalance(t, w)
 }
 
 // ctxObs is what a test sees of a context: Err, Cause, whether Done is closed, and whether it
@@ -412,7 +402,7 @@ func TestReview41PinContextBornExpiredLikeStd(t *testing.T) {
 		wxcancel()
 	}
 	require.Zero(t, w.Len())
-	balance41(t, w)
+	booksBalance(t, w)
 }
 
 // TestReview41PinContextDoneWhenAdvanceReturns: with WithWorkers(0), when Advance returns every
@@ -439,7 +429,7 @@ func TestReview41PinContextDoneWhenAdvanceReturns(t *testing.T) {
 	cancel()
 	require.Equal(t, context.DeadlineExceeded, ctx.Err())
 	require.True(t, strings.HasPrefix(child.(interface{ String() string }).String(), "context.Background.WithDeadline("))
-	balance41(t, w)
+	booksBalance(t, w)
 }
 
 // TestReview41PinArmStopAllocatesNothing: API.md, "Scheduling": "in steady state, AfterFuncArg
@@ -575,7 +565,7 @@ func TestReview41PinAdvanceOrderAcrossShardsWithResets(t *testing.T) {
 			}
 		}
 		require.Len(t, fired, len(want))
-		balance41(t, w)
+		booksBalance(t, w)
 	}
 }
 
@@ -631,7 +621,7 @@ func TestReview41PinContextUnderWithoutCancelLikeStd(t *testing.T) {
 	require.Equal(t, observe41(sx), observe41(wx))
 	require.Equal(t, observe41(sk), observe41(wk))
 	require.Zero(t, w.Len())
-	balance41(t, w)
+	booksBalance(t, w)
 }
 
 // TestReview41FixedLaterStopOnAdvancerWaits: the same sentence on a manual clock, the later Stop

@@ -13,8 +13,8 @@ import (
 // Stop from a callback waits for the other callbacks; a later Stop from outside waits for every
 // worker's exit).
 
-// wait42 waits for c, failing the test after 10 s with what it waited for.
-func wait42[T any](t *testing.T, c <-chan T, what string) T {
+// waitFor waits for c, failing the test after 10 s with what it waited for.
+func waitFor[T any](t *testing.T, c <-chan T, what string) T {
 	t.Helper()
 	select {
 	case v := <-c:
@@ -52,7 +52,7 @@ func TestReview42FixedLaterStopOnWorkerLeavesQueuedCallback(t *testing.T) {
 	})
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait42(t, aIn, "A to start on the worker")
+	waitFor(t, aIn, "A to start on the worker")
 	_, err = w.AfterFunc(time.Millisecond, func() { cRan.Store(true) })
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond) // C is handed to the pool: it waits in the queue behind A
@@ -63,8 +63,8 @@ func TestReview42FixedLaterStopOnWorkerLeavesQueuedCallback(t *testing.T) {
 	require.Eventually(t, func() bool { return isClosed(w.quit) }, 5*time.Second, time.Millisecond,
 		"the first Stop reached its wait for the worker")
 	close(aGo)
-	wait42(t, aOut, "A's Stop to return")
-	require.Equal(t, 0, wait42(t, first, "the first Stop"))
+	waitFor(t, aOut, "A's Stop to return")
+	require.Equal(t, 0, waitFor(t, first, "the first Stop"))
 	require.True(t, cRan.Load(), "C runs in the end")
 	require.Zero(t, aRet.Load())
 	require.True(t, cRanAtA.Load(),
@@ -105,11 +105,11 @@ func TestReview42FixedLaterStopOnWorkerLeavesQueuedCallbackTwoWorkers(t *testing
 	_, err = w.AfterFunc(time.Millisecond, f)
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait42(t, in, "the first callback to start")
+	waitFor(t, in, "the first callback to start")
 	_, err = w.AfterFunc(time.Millisecond, f)
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait42(t, in, "the second callback to start")
+	waitFor(t, in, "the second callback to start")
 	_, err = w.AfterFunc(time.Millisecond, func() { cRan.Store(true) })
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond) // both workers busy: C waits in the queue
@@ -119,8 +119,8 @@ func TestReview42FixedLaterStopOnWorkerLeavesQueuedCallbackTwoWorkers(t *testing
 	require.Eventually(t, func() bool { return isClosed(w.quit) }, 5*time.Second, time.Millisecond,
 		"K's Stop reached its wait for worker 1")
 	close(jGo)
-	wait42(t, jOut, "J's Stop to return")
-	wait42(t, kOut, "K's Stop to return")
+	waitFor(t, jOut, "J's Stop to return")
+	waitFor(t, kOut, "K's Stop to return")
 	require.True(t, cRanAtK.Load(), "the first Stop from a callback runs the queue before it returns (review 28)")
 	require.Equal(t, int64(0), kRet.Load()+jRet.Load())
 	require.True(t, cRanAtJ.Load(),
@@ -165,8 +165,8 @@ func TestReview42FixedLaterStopFromOutsideMissesAdvancerCallback(t *testing.T) {
 	require.NoError(t, err)
 	advanced := make(chan struct{})
 	go func() { clk.Advance(time.Millisecond); close(advanced) }()
-	wait42(t, yIn, "Y to start on the advancer")
-	require.Equal(t, 1, wait42(t, firstRet, "X's Stop"))
+	waitFor(t, yIn, "Y to start on the advancer")
+	require.Equal(t, 1, waitFor(t, firstRet, "X's Stop"))
 
 	time.AfterFunc(200*time.Millisecond, func() { close(yRelease) })
 	later := make(chan int, 1)
@@ -176,8 +176,8 @@ func TestReview42FixedLaterStopFromOutsideMissesAdvancerCallback(t *testing.T) {
 		yDoneAtStop.Store(yDone.Load())
 		later <- r
 	}()
-	require.Equal(t, 0, wait42(t, later, "the later Stop from outside"))
-	wait42(t, advanced, "the Advance")
+	require.Equal(t, 0, waitFor(t, later, "the later Stop from outside"))
+	waitFor(t, advanced, "the Advance")
 	require.True(t, yDone.Load())
 	require.True(t, yDoneAtStop.Load(),
 		"a later Stop from outside returned while callback Y, running when it was called, ran on")
@@ -237,7 +237,7 @@ func TestReview42PinWrapRevertStillDueKeepsOrder(t *testing.T) {
 	clk.Advance(time.Second * 3)
 	require.Equal(t, []string{"Z", "T"}, order, "fires once")
 	require.Zero(t, w.Len())
-	st := books40(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(2), st.Fired)
 }
 
@@ -268,7 +268,7 @@ func TestReview42PinLaterStopOnWorkerBesideAdvancerStop(t *testing.T) {
 	})
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait42(t, aIn, "A to start on the worker")
+	waitFor(t, aIn, "A to start on the worker")
 	_, err = w.AfterFunc(time.Millisecond, func() {}) // fills the queue
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
@@ -292,7 +292,7 @@ func TestReview42PinLaterStopOnWorkerBesideAdvancerStop(t *testing.T) {
 	}
 	advanced := make(chan struct{})
 	go func() { clk.Advance(time.Millisecond); close(advanced) }()
-	wait42(t, xIn, "X to start on the advancer")
+	waitFor(t, xIn, "X to start on the advancer")
 	first := make(chan int, 1)
 	go func() { first <- w.Stop() }()
 	require.Eventually(t, func() bool { return isClosed(w.closing) }, 5*time.Second, time.Millisecond,
@@ -302,9 +302,9 @@ func TestReview42PinLaterStopOnWorkerBesideAdvancerStop(t *testing.T) {
 	require.Eventually(t, func() bool { return isClosed(w.quit) }, 5*time.Second, time.Millisecond,
 		"X is inside its Stop")
 	close(aGo)
-	wait42(t, aOut, "A's Stop to return")
-	wait42(t, advanced, "the Advance")
-	require.Equal(t, 0, wait42(t, first, "the first Stop"))
+	waitFor(t, aOut, "A's Stop to return")
+	waitFor(t, advanced, "the Advance")
+	require.Equal(t, 0, waitFor(t, first, "the first Stop"))
 	require.True(t, yRan.Load(), "Y ran before the first Stop returned")
 	_ = yRanAtA.Load() // either way: Stop's doc excepts Y for A
 }

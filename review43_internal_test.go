@@ -12,27 +12,6 @@ import (
 
 // Review 43: an attack on ab152f2 (later Stops drain the queue; advOver).
 
-// wait43 waits for c, failing the test after 10 s with what it waited for.
-func wait43[T any](t *testing.T, c <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-c:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("waited 10 s for %s", what)
-		panic("unreachable")
-	}
-}
-
-// books43 requires Scheduled == Fired + Stopped + Dropped + Pending and Lateness.Count() == Fired.
-func books43(t *testing.T, w *Wheel) Stats {
-	t.Helper()
-	st := w.Stats()
-	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending), "%+v", st)
-	require.Equal(t, st.Fired, st.Lateness.Count(), "%+v", st)
-	return st
-}
-
 // inStop43 reports whether worker slot k is marked inside a Stop.
 func inStop43(w *Wheel, k int) bool {
 	w.stopMu.Lock()
@@ -79,11 +58,11 @@ func TestReview43FixedLaterStopSkipsCallbackDrainedByOtherLaterStop(t *testing.T
 	_, err = w.AfterFunc(time.Millisecond, f)
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait43(t, in, "K to start")
+	waitFor(t, in, "K to start")
 	_, err = w.AfterFunc(time.Millisecond, f)
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait43(t, in, "J to start")
+	waitFor(t, in, "J to start")
 	_, err = w.AfterFunc(time.Millisecond, func() {
 		close(cIn)
 		select {
@@ -106,7 +85,7 @@ func TestReview43FixedLaterStopSkipsCallbackDrainedByOtherLaterStop(t *testing.T
 	require.Eventually(t, func() bool { return inStop43(w, 0) || inStop43(w, 1) }, 5*time.Second,
 		time.Millisecond, "K inside its Stop")
 	close(jGo)
-	wait43(t, cIn, "C to start in a later Stop's drain")
+	waitFor(t, cIn, "C to start in a later Stop's drain")
 	// One of K's and J's Stops runs C; give the other a second to return (it should not).
 	select {
 	case <-kOut:
@@ -114,11 +93,11 @@ func TestReview43FixedLaterStopSkipsCallbackDrainedByOtherLaterStop(t *testing.T
 	case <-time.After(time.Second):
 	}
 	close(cRelease)
-	wait43(t, kOut, "K's Stop")
-	wait43(t, jOut, "J's Stop")
-	require.Equal(t, 1, wait43(t, first, "the first Stop"))
+	waitFor(t, kOut, "K's Stop")
+	waitFor(t, jOut, "J's Stop")
+	require.Equal(t, 1, waitFor(t, first, "the first Stop"))
 	require.Zero(t, kRet.Load()+jRet.Load())
-	st := books43(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(1), st.Dropped)
 	require.True(t, cDoneAtK.Load() && cDoneAtJ.Load(),
 		"a later Stop from a callback returned while callback C, handed to the pool before it, ran in the other later Stop's drain (C done at K's return: %v, at J's: %v)",
@@ -146,7 +125,7 @@ func TestReview43PinGoexitInLaterStopDrainRunsRestOfQueue(t *testing.T) {
 	})
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait43(t, jIn, "J to start")
+	waitFor(t, jIn, "J to start")
 	var c1In, c2Ran atomic.Bool
 	_, err = w.AfterFunc(time.Millisecond, func() { c1In.Store(true); runtime.Goexit() })
 	require.NoError(t, err)
@@ -165,12 +144,12 @@ func TestReview43PinGoexitInLaterStopDrainRunsRestOfQueue(t *testing.T) {
 	require.Eventually(t, func() bool { return isClosed(w.quit) }, 5*time.Second, time.Millisecond,
 		"the first Stop reached its wait for the worker")
 	close(jGo)
-	require.Equal(t, 3, wait43(t, first, "the first Stop"))
+	require.Equal(t, 3, waitFor(t, first, "the first Stop"))
 	require.True(t, c1In.Load())
 	require.True(t, c2Ran.Load(), "C2, handed to the pool, ran before the first Stop returned")
 	require.False(t, isClosed(jOut), "J's Stop ended with its goroutine")
 	require.Zero(t, w.Stop())
-	st := books43(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(3), st.Dropped)
 	require.Equal(t, uint64(3), st.Fired)
 }
@@ -202,18 +181,18 @@ func TestReview43PinEveryLaterStopCountsNextRunOnce(t *testing.T) {
 	_, err = w.AfterFunc(time.Hour, func() {})
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait43(t, eIn, "the Every's first run")
+	waitFor(t, eIn, "the Every's first run")
 
 	first := make(chan int, 1)
 	go func() { first <- w.Stop() }()
 	require.Eventually(t, func() bool { return isClosed(w.quit) }, 5*time.Second, time.Millisecond,
 		"the first Stop dropped what was pending and waits for the worker")
 	close(eGo)
-	require.Zero(t, wait43(t, later, "the Every's later Stop"))
-	require.Equal(t, 2, wait43(t, first, "the first Stop"), "the 1 h timer and the Every's next run")
+	require.Zero(t, waitFor(t, later, "the Every's later Stop"))
+	require.Equal(t, 2, waitFor(t, first, "the first Stop"), "the 1 h timer and the Every's next run")
 	clk.Advance(time.Hour)
 	require.EqualValues(t, 1, runs.Load())
-	st := books43(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(2), st.Dropped)
 	require.Equal(t, uint64(1), st.Fired)
 }

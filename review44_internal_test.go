@@ -14,27 +14,6 @@ import (
 // Review 44: an attack on d5a8cc6 (drained counts; awaitQuiet waits for inStop > drained) and the
 // Stop protocol for Stops from callbacks as a whole.
 
-// wait44 waits for c, failing the test after 10 s with what it waited for.
-func wait44[T any](t *testing.T, c <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-c:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("waited 10 s for %s", what)
-		panic("unreachable")
-	}
-}
-
-// books44 requires Scheduled == Fired + Stopped + Dropped + Pending and Lateness.Count() == Fired.
-func books44(t *testing.T, w *Wheel) Stats {
-	t.Helper()
-	st := w.Stats()
-	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending), "%+v", st)
-	require.Equal(t, st.Fired, st.Lateness.Count(), "%+v", st)
-	return st
-}
-
 // advancerBatch44 sets up, on a manual clock with one worker, a queue of one chunk and
 // CallerRuns: K runs on the worker and waits for kGo; Q waits in the queue (it fills it); then an
 // Advance on a goroutine of its own (advanced is closed when it returns) runs X and then Y, one
@@ -72,7 +51,7 @@ func newAdvancerBatch44(t *testing.T) *advancerBatch44 {
 	})
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait44(t, b.kIn, "K to start on the worker")
+	waitFor(t, b.kIn, "K to start on the worker")
 	_, err = w.AfterFunc(time.Millisecond, func() { b.qRan.Store(true) }) // Q fills the queue
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
@@ -104,7 +83,7 @@ func newAdvancerBatch44(t *testing.T) *advancerBatch44 {
 	_, err = w.AfterFunc(time.Hour, func() {}) // pending: the first Stop returns 1
 	require.NoError(t, err)
 	go func() { clk.Advance(time.Millisecond); close(b.advanced) }()
-	wait44(t, b.xIn, "X to start on the advancer")
+	waitFor(t, b.xIn, "X to start on the advancer")
 	return b
 }
 
@@ -128,15 +107,15 @@ func TestReview44FixedLaterStopOnWorkerWaitsForAdvancerCallbackAfterItsStop(t *t
 	require.Eventually(t, func() bool { return isClosed(w.quit) }, 5*time.Second, time.Millisecond,
 		"X is inside its Stop")
 	close(b.kGo) // K's later Stop: marked, so X's goes on, runs Q and returns
-	wait44(t, b.xOut, "X's later Stop to return")
-	wait44(t, b.advanced, "the Advance")
-	wait44(t, b.kOut, "K's Stop")
-	require.Equal(t, 1, wait44(t, first, "the first Stop"))
+	waitFor(t, b.xOut, "X's later Stop to return")
+	waitFor(t, b.advanced, "the Advance")
+	waitFor(t, b.kOut, "K's Stop")
+	require.Equal(t, 1, waitFor(t, first, "the first Stop"))
 	require.Zero(t, <-b.kRet)
 	require.Zero(t, b.xRet.Load())
 	require.True(t, b.qRan.Load())
 	require.True(t, b.yRan.Load() && b.xStopReturnedAtY.Load(), "Y ran after X's Stop returned")
-	st := books44(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(1), st.Dropped)
 	require.True(t, b.ySawK.Load(),
 		"deadlock: Y (run on the advancer after X's Stop returned) waited %d ms for K's later Stop, which waited for advOver, closed only when Y's advance ended",
@@ -167,7 +146,7 @@ func TestReview44PinNestedDrainGoexitAtDepth(t *testing.T) {
 	})
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait44(t, aIn, "A to start")
+	waitFor(t, aIn, "A to start")
 	stopper := func(i int) func() {
 		return func() { ran[i].Add(1); w.Stop(); returned.Add(1) }
 	}
@@ -192,7 +171,7 @@ func TestReview44PinNestedDrainGoexitAtDepth(t *testing.T) {
 	go func() { first <- w.Stop() }()
 	require.Eventually(t, func() bool { return isClosed(w.quit) }, 5*time.Second, time.Millisecond)
 	close(aGo)
-	require.Equal(t, 2, wait44(t, first, "the first Stop"))
+	require.Equal(t, 2, waitFor(t, first, "the first Stop"))
 	require.EqualValues(t, 33, depthAtD.Load(), "D ran three Stops and three drained chunks deep")
 	for i := range ran {
 		require.EqualValues(t, 1, ran[i].Load(), "callback %d", i)
@@ -203,7 +182,7 @@ func TestReview44PinNestedDrainGoexitAtDepth(t *testing.T) {
 	require.Equal(t, []int{0, 0}, w.drained)
 	w.stopMu.Unlock()
 	require.Zero(t, w.Stop())
-	st := books44(t, w)
+	st := booksBalance(t, w)
 	require.Equal(t, uint64(2), st.Dropped)
 	require.Equal(t, uint64(5), st.Fired)
 }
@@ -229,7 +208,7 @@ func TestReview44PinCallbackOfOneWheelStopsAnother(t *testing.T) {
 	})
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	wait44(t, yIn, "Y to start on B's worker")
+	waitFor(t, yIn, "Y to start on B's worker")
 	_, err = b.AfterFunc(time.Hour, func() {})
 	require.NoError(t, err)
 	xRet := make(chan int, 1)
@@ -244,17 +223,17 @@ func TestReview44PinCallbackOfOneWheelStopsAnother(t *testing.T) {
 	require.NoError(t, err)
 	advanced := make(chan struct{})
 	go func() { clk.Advance(time.Millisecond); close(advanced) }()
-	wait44(t, advanced, "the Advance whose callback stops B")
-	require.Equal(t, 1, wait44(t, xRet, "X's Stop of B"))
+	waitFor(t, advanced, "the Advance whose callback stops B")
+	require.Equal(t, 1, waitFor(t, xRet, "X's Stop of B"))
 	require.True(t, yDoneAtX.Load(), "B's Stop from A's callback returned before B's callback Y ended")
 	require.True(t, isClosed(b.pool.done[0]))
 	clk.Advance(time.Millisecond)
 	require.True(t, after.Load(), "A goes on")
 	require.Zero(t, b.Stop())
 	require.Zero(t, a.Stop())
-	stb := books44(t, b)
+	stb := booksBalance(t, b)
 	require.Equal(t, uint64(1), stb.Dropped)
-	books44(t, a)
+	booksBalance(t, a)
 }
 
 // TestReview44FixedTwoLaterStopsWaitForEachOthersContinuation: the same hole without an advancer.
@@ -298,15 +277,15 @@ func TestReview44FixedTwoLaterStopsWaitForEachOthersContinuation(t *testing.T) {
 		_, err = w.AfterFunc(time.Hour, func() {})
 		require.NoError(t, err)
 		clk.Advance(time.Millisecond)
-		wait44(t, in, "the first callback")
-		wait44(t, in, "the second callback")
+		waitFor(t, in, "the first callback")
+		waitFor(t, in, "the second callback")
 		first := make(chan int, 1)
 		go func() { first <- w.Stop() }()
 		require.Eventually(t, func() bool { return isClosed(w.quit) }, 5*time.Second, time.Millisecond,
 			"the first Stop waits for the workers")
 		close(goCh)
-		require.Equal(t, 1, wait44(t, first, "the first Stop"))
-		books44(t, w)
+		require.Equal(t, 1, waitFor(t, first, "the first Stop"))
+		booksBalance(t, w)
 		if !saw[0].Load() || !saw[1].Load() {
 			stuck++
 			if !saw[0].Load() && !saw[1].Load() {
@@ -352,7 +331,7 @@ func TestReview44PinSynctestFirstStopFromCallbackWaitsForSleeper(t *testing.T) {
 		for i, d := range w.pool.done {
 			require.True(t, isClosed(d), "worker %d", i)
 		}
-		st := books44(t, w)
+		st := booksBalance(t, w)
 		require.Equal(t, uint64(1), st.Dropped)
 		require.Equal(t, uint64(2), st.Fired)
 	})

@@ -12,18 +12,6 @@ import (
 
 // Review 45: an attack on 65bc96a (stopsDone; later Stops on the advancer mark its slot).
 
-// wait45 waits for c, failing the test after 10 s with what it waited for.
-func wait45[T any](t *testing.T, c <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-c:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("waited 10 s for %s", what)
-		panic("unreachable")
-	}
-}
-
 // chainRound45 runs one round of the nested-drain chain on a manual clock with one worker.
 //
 //   - P, on the worker, calls a later Stop once the first Stop (from a goroutine outside) began;
@@ -124,7 +112,7 @@ func chainRound45(t *testing.T, n int) (hit bool) {
 		clk.Advance(time.Duration(2+n) * time.Millisecond)
 		close(advanced)
 	}()
-	wait45(t, pIn, "P to start on the worker")
+	waitFor(t, pIn, "P to start on the worker")
 	require.Eventually(t, func() bool { return len(w.pool.queue) == n }, 10*time.Second,
 		100*time.Microsecond, "the chain fills the queue")
 	// X fired (it waits in its round's dispatch for room): the first Stop drops nothing.
@@ -132,9 +120,9 @@ func chainRound45(t *testing.T, n int) (hit bool) {
 		100*time.Microsecond, "X fired")
 	go func() { first <- w.Stop() }()
 
-	wait45(t, pOut, "P's Stop")
-	wait45(t, advanced, "the Advance")
-	firstRet := wait45(t, first, "the first Stop")
+	waitFor(t, pOut, "P's Stop")
+	waitFor(t, advanced, "the Advance")
+	firstRet := waitFor(t, first, "the first Stop")
 	require.Zero(t, firstRet, "%+v x=%d nested=%d onWorker=%d lRan=%d", w.Stats(), xRet.Load(), nested.Load(), onWorker.Load(), lRan.Load())
 	require.Zero(t, pRet.Load())
 	require.Zero(t, xRet.Load())
@@ -212,8 +200,8 @@ func goexitRound45(t *testing.T) (hit bool) {
 		require.NoError(t, err)
 	}
 	clk.Advance(time.Millisecond)
-	wait45(t, in, "V on a worker")
-	wait45(t, in, "V on the other worker")
+	waitFor(t, in, "V on a worker")
+	waitFor(t, in, "V on the other worker")
 	orig := [2]int64{<-gids, <-gids}
 	_, err = w.AfterFunc(time.Millisecond, func() { // H
 		hRan.Add(1)
@@ -250,7 +238,7 @@ func goexitRound45(t *testing.T) (hit bool) {
 		100*time.Microsecond, "the first Stop closed quit")
 	close(release)
 
-	require.Zero(t, wait45(t, first, "the first Stop"))
+	require.Zero(t, waitFor(t, first, "the first Stop"))
 	// Vp's or Vq's goroutine ended in K's Goexit: one V and, if it was H's runner's, no H
 	// return; every Stop that did return returned 0.
 	close(outs)
