@@ -483,17 +483,21 @@ func (w *Wheel) markStop(mine int, adv bool, d int, returned bool) []uint64 {
 	if adv {
 		mark(len(w.pool.done))
 	}
+	w.stopChangedLocked()
+	return slices.Clone(w.stopsDone)
+}
+
+// stopChangedLocked wakes those who wait in awaitQuiet; the caller holds stopMu.
+func (w *Wheel) stopChangedLocked() {
 	close(w.stopChanged)
 	w.stopChanged = make(chan struct{})
-	return slices.Clone(w.stopsDone)
 }
 
 // markDrained adds d to the drained chunks running in slot k, and wakes those who wait.
 func (w *Wheel) markDrained(k, d int) {
 	w.stopMu.Lock()
 	w.drained[k] += d
-	close(w.stopChanged)
-	w.stopChanged = make(chan struct{})
+	w.stopChangedLocked()
 	w.stopMu.Unlock()
 }
 
