@@ -381,8 +381,9 @@ func isClosed(c chan struct{}) bool {
 // has finished and every worker has exited (the first may be a callback's). Called from inside
 // a callback, Stop (the first call or a later one) waits for every other callback but not for
 // the one it is called from, nor for callbacks that are themselves inside a Stop (two callbacks
-// that each waited for the other would never return), nor for what their goroutine runs after
-// that Stop returns; the callbacks that fired with it and were to run after it on the same
+// that each waited for the other would never return; a callback that called ManualClock.Advance
+// is inside a Stop that a callback of that advance called), nor for what their goroutine runs
+// after that Stop returns; the callbacks that fired with it and were to run after it on the same
 // goroutine still run after Stop returns. After Stop, scheduling returns ErrClosed and Len is 0.
 func (w *Wheel) Stop() int {
 	if w.closed.CompareAndSwap(false, true) {
@@ -410,7 +411,9 @@ func (w *Wheel) Stop() int {
 // stopped stands for, less what Stop's doc excepts. A goroutine counts as done with (quiet,
 // awaitQuiet) once it exited, or it is inside a Stop and not in a callback that Stop runs, or a
 // Stop on it returned since this one began (what it ran inside has ended; what it runs after is
-// excepted, and waiting for it could deadlock: review 44).
+// excepted, and waiting for it could deadlock: review 44). The slot of a worker whose callback
+// called Advance is inside the Stops that callbacks of that advance call on it: waiting for the
+// callback below the advance would deadlock the same way (review 46).
 //  1. Off the advancer, the advancer is quiet, or no advance runs callbacks any more (advOver).
 //  2. Every other worker is quiet.
 //  3. It runs what is left in the queue itself, as finishStop does: callbacks handed to the
