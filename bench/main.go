@@ -41,9 +41,13 @@ type Config struct {
 	GoZeroCap   int // go-zero is not run above this many pending timers (0 = no cap)
 	Procs       int // GOMAXPROCS: the producers of every workload but scaling
 
-	Rates               []int         // arms per second of the sustained workload's ladder
-	SustainedDur        time.Duration // how long each rate is held
-	SustainedBackground int           // timers pending an hour out meanwhile
+	Rates        []int         // arms per second of the sustained workload's ladder
+	SustainedDur time.Duration // how long each rate is held, at least
+	// SustainedArms: a rate is held long enough for at least this many arms, so that a low
+	// rate's p99.9 rests on as many fired timers as a high rate's (a tenth fire: 25k here, the
+	// p99.9 the 25th latest), not on the few latest of one second.
+	SustainedArms       int
+	SustainedBackground int // timers pending an hour out meanwhile
 }
 
 // configFor returns the sizes of a mode: "quick", "default" or "full".
@@ -54,7 +58,8 @@ func configFor(mode string) Config {
 		FloodSpread: 100 * time.Millisecond, Grace: 5 * time.Second, Idle: 2 * time.Second,
 		Producers: []int{1, 2, 4, 8, 16, 32, 64}, CheckN: 200_000, CheckSpread: 50 * time.Millisecond,
 		KeyedN: 100_000, CtxCheckN: 50_000, GoZeroCap: 1_000_000, Procs: runtime.GOMAXPROCS(0),
-		Rates: []int{50_000, 250_000, 500_000, 1_000_000}, SustainedDur: time.Second, SustainedBackground: 1_000_000,
+		Rates: []int{50_000, 250_000, 500_000, 1_000_000}, SustainedDur: time.Second, SustainedArms: 250_000,
+		SustainedBackground: 1_000_000,
 	}
 	switch mode {
 	case "quick":
@@ -63,6 +68,7 @@ func configFor(mode string) Config {
 		c.Grace, c.Idle, c.Producers = 3*time.Second, 250*time.Millisecond, []int{1, 8, 64}
 		c.CheckN, c.KeyedN, c.CtxCheckN = 20_000, 10_000, 5_000
 		c.Rates, c.SustainedDur, c.SustainedBackground = []int{50_000, 250_000}, 300*time.Millisecond, 100_000
+		c.SustainedArms = 0
 	case "full":
 		c.Reps, c.PairTime, c.Idle = 5, 300*time.Millisecond, 3*time.Second
 		c.HugeN, c.CheckN, c.KeyedN, c.CtxCheckN = 10_000_000, 1_000_000, 1_000_000, 200_000
@@ -70,20 +76,33 @@ func configFor(mode string) Config {
 	return c
 }
 
+// sustainedDur is how long the sustained workload holds rate: SustainedDur, or longer if that
+// would arm fewer than SustainedArms.
+func (c Config) sustainedDur(rate int) time.Duration {
+	return max(c.SustainedDur, time.Duration(int64(c.SustainedArms)*int64(time.Second)/int64(rate)))
+}
+
 func main() {
 	var (
-		quick = flag.Bool("quick", false, "smoke run of a few seconds (CI); exits 1 if shardwheel shows a defect")
-		full  = flag.Bool("full", false, "every size, 10M pending timers included, 5 repetitions")
-		reps  = flag.Int("reps", 0, "repetitions (0 = the mode's default)")
-		out   = flag.String("out", "", "directory for results.json, results.md and the plots (default out/, or a temp dir under -quick)")
-		jsonP = flag.String("json", "", "path of the JSON results (default <out>/results.json)")
-		slots = flag.Int("gozero-slots", goZeroSlots, "slots of go-zero's wheel (its tick is 1ms)")
-		gzCap = flag.Int("gozero-cap", -1, "run go-zero at most at this many pending timers (-1 = mode default, 0 = no cap)")
-		idleP = flag.String("idle-profile", "", "write a CPU profile of every idle-CPU window to this directory")
-		tickF = flag.Duration("tick", 0, "shardwheel's tick (WithTick); 0 keeps the default, 1ms")
-		only  = flag.String("only", "", "run only the tasks whose name contains this (e.g. sustained, flood, pairs); writes to a temp dir unless -out is given")
+		quick  = flag.Bool("quick", false, "smoke run of a few seconds (CI); exits 1 if shardwheel shows a defect")
+		full   = flag.Bool("full", false, "every size, 10M pending timers included, 5 repetitions")
+		reps   = flag.Int("reps", 0, "repetitions (0 = the mode's default)")
+		out    = flag.String("out", "", "directory for results.json, results.md and the plots (default out/, or a temp dir under -quick)")
+		jsonP  = flag.String("json", "", "path of the JSON results (default <out>/results.json)")
+		slots  = flag.Int("gozero-slots", goZeroSlots, "slots of go-zero's wheel (its tick is 1ms)")
+		gzCap  = flag.Int("gozero-cap", -1, "run go-zero at most at this many pending timers (-1 = mode default, 0 = no cap)")
+		idleP  = flag.String("idle-profile", "", "write a CPU profile of every idle-CPU window to this directory")
+		tickF  = flag.Duration("tick", 0, "shardwheel's tick (WithTick); 0 keeps the default, 1ms")
+		only   = flag.String("only", "", "run only the tasks whose name contains this (e.g. sustained, flood, pairs); writes to a temp dir unless -out is given")
+		tallyP = flag.String("tally", "", "run nothing: count, over the sustained reports matching this glob (e.g. 'out/sustained-runs/*.md'), the runs whose lateness tail was at or below the runtime's (tally.go)")
 	)
 	flag.Parse()
+	if *tallyP != "" {
+		if err := tally(*tallyP, os.Stdout); err != nil {
+			fatal(err)
+		}
+		return
+	}
 	mode := "default"
 	switch {
 	case *quick && *full:
@@ -194,13 +213,13 @@ func plan(cfg Config, res *Results) []task {
 	}
 	var slab, sustained []Rec
 	var hs []Handle
-	maxRate := 0
+	maxArms := 0
 	for _, rate := range cfg.Rates {
-		maxRate = max(maxRate, rate)
+		maxArms = max(maxArms, int(int64(rate)*int64(cfg.sustainedDur(rate))/int64(time.Second)))
 	}
 	alloc := func() error { // once, before any implementation, so it never counts against one
 		slab, hs = newSlab(maxN), make([]Handle, maxN)
-		sustained = newSlab(int(int64(maxRate)*int64(cfg.SustainedDur)/int64(time.Second)) + 1)
+		sustained = newSlab(maxArms + 1)
 		return nil
 	}
 	if *burstOnly {

@@ -198,7 +198,7 @@ func (r *Results) sustainedRows() []row {
 	for _, rate := range r.cfg.Rates {
 		c := rateLabel(rate)
 		rs = append(rs,
-			row{"sustained_rate/" + c, fmt.Sprintf("(g) sustained %s arms/s: reached arms/s", c)},
+			row{"sustained_rate/" + c, fmt.Sprintf("(g) sustained %s arms/s for %v: reached arms/s", c, r.cfg.sustainedDur(rate))},
 			row{"sustained_cpu_ns_per_arm/" + c, fmt.Sprintf("(g) sustained %s/s: process CPU per arm, ns", c)},
 			row{"sustained_p50_ms/" + c, fmt.Sprintf("(g) sustained %s/s: lateness p50, ms", c)},
 			row{"sustained_p99_ms/" + c, fmt.Sprintf("(g) sustained %s/s: lateness p99, ms", c)},
@@ -249,7 +249,7 @@ func sustainedTasks(cfg Config, res *Results, r string, order []Kind, bg func() 
 		for _, k := range order {
 			ts = append(ts, task{r + "sustained " + rateLabel(rate) + "/s: " + k.String(), func() error {
 				b, bh := bg()
-				s, err := runSustained(k, rate, cfg.SustainedDur, cfg.SustainedBackground, b, bh, recs())
+				s, err := runSustained(k, rate, cfg.sustainedDur(rate), cfg.SustainedBackground, b, bh, recs())
 				res.addSustained(rate, k, s)
 				return err
 			}})
