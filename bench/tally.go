@@ -13,8 +13,8 @@ import (
 )
 
 // tally reads stored reports of the sustained workload (results.md files, as -only sustained
-// writes them) and counts, for each lateness cell, in how many runs shardwheel's median was at
-// or below time.AfterFunc's. One run's cell compares two medians of three repetitions that did
+// writes them) and counts, for each lateness cell, in how many runs shardwheel's median was below,
+// equal to or above time.AfterFunc's. One run's cell compares two medians of three repetitions that did
 // not run at the same moment, and a p99.9 is set by the few latest callbacks, so a pause of the
 // whole process decides it either way: the count over many runs, with a sign test, says
 // whether one is later than the other, where one run cannot.
@@ -59,25 +59,30 @@ func tally(pattern string, w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(w, "%d reports matching %s\n\n", len(files), pattern)
-	fmt.Fprintln(w, "| cell | runs | shardwheel at or below the runtime | above | sign test p (one-sided) | ratio median (min–max) |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---|")
+	fmt.Fprintln(w, "| cell | runs | shardwheel below the runtime | equal | above | sign test p (one-sided, ties dropped) | ratio median (min–max) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---|")
 	for _, c := range order {
 		rs := ratios[c]
-		le := 0
+		below, equal := 0, 0
 		for _, r := range rs {
-			if r <= 1 {
-				le++
+			switch {
+			case r < 1:
+				below++
+			case r == 1:
+				equal++
 			}
 		}
+		above := len(rs) - below - equal
 		slices.Sort(rs)
-		fmt.Fprintf(w, "| %s/s %s | %d | %d | %d | %.2g | %.2f (%.2f–%.2f) |\n", c.rate, c.q, len(rs), le,
-			len(rs)-le, signTest(le, len(rs)), rs[len(rs)/2], rs[0], rs[len(rs)-1])
+		fmt.Fprintf(w, "| %s/s %s | %d | %d | %d | %d | %.2g | %.2f (%.2f–%.2f) |\n", c.rate, c.q, len(rs),
+			below, equal, above, signTest(below, below+above), rs[len(rs)/2], rs[0], rs[len(rs)-1])
 	}
 	return nil
 }
 
-// signTest is P(X >= k) for X binomial(n, 1/2): how likely k or more of n runs at or below the
-// runtime are if neither implementation's tail were the later one.
+// signTest is P(X >= k) for X binomial(n, 1/2): how likely k or more of n runs below the runtime
+// are if neither implementation's tail were the later one (n leaves out the ties, which the
+// medians' three significant digits make now and then).
 func signTest(k, n int) float64 {
 	p := 0.0
 	for i := k; i <= n; i++ {
