@@ -16,7 +16,8 @@ import (
 func inStop43(w *Wheel, k int) bool {
 	w.stopMu.Lock()
 	defer w.stopMu.Unlock()
-	return w.inStop[k] > 0
+	stops, _ := stopDepthLocked(w, k)
+	return stops > 0
 }
 
 // TestReview43FixedLaterStopSkipsCallbackDrainedByOtherLaterStop: API.md: callbacks "already

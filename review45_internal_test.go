@@ -98,7 +98,8 @@ func chainRound45(t *testing.T, n int) (hit bool) {
 	_, err = w.AfterFunc(time.Duration(2+n)*time.Millisecond, func() {
 		for {
 			w.stopMu.Lock()
-			marked := w.inStop[0] > 0
+			stops, _ := stopDepthLocked(w, 0)
+			marked := stops > 0
 			w.stopMu.Unlock()
 			if marked {
 				break

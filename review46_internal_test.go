@@ -66,7 +66,8 @@ func round46(t *testing.T, xFirst bool) {
 	inStopOf := func(k int) bool {
 		w.stopMu.Lock()
 		defer w.stopMu.Unlock()
-		return w.inStop[k] > 0
+		stops, _ := stopDepthLocked(w, k)
+		return stops > 0
 	}
 	spin := func(cond func() bool) bool {
 		deadline := time.Now().Add(5 * time.Second)

@@ -28,7 +28,6 @@ package shardwheel
 
 import (
 	"errors"
-	"slices"
 	"sync"
 	"time"
 
@@ -123,20 +122,18 @@ type Wheel struct {
 	// ends, the rest of its batch run. On the system clock it is closed as Stop starts.
 	advOver     chan struct{}
 	advOverOnce sync.Once
-	// The goroutines inside a Stop called from a callback, for later Stops from callbacks, which
-	// wait for every other callback but not for those (laterStop). inStop[i] counts the Stop
-	// calls in progress on worker i's goroutine, inStop[len(pool.done)] those on the manual
-	// advancer's; drained[i] the chunks a Stop on that goroutine took from the queue and is
-	// running (drainQueue). A goroutine's stack alternates callbacks and Stops, so it is quiet,
-	// in a Stop and not in a callback that Stop runs, exactly when inStop > drained.
-	// stopsDone[i] counts the outermost Stop calls on that goroutine that have returned: once
-	// it moved, what the goroutine ran inside that Stop has ended, and what it runs after is not
-	// waited for (review 44). stopChanged is closed, and replaced, at every change. All guarded by
-	// stopMu.
+	// What the goroutines that run callbacks are inside of, for later Stops from callbacks, which
+	// wait for every other callback but not for those inside a Stop (laterStop, stopwait.go).
+	// frames[i] is the stack of Stops and drained chunks on worker i's goroutine,
+	// frames[len(pool.done)] on the manual advancer's, innermost last; excusedAt[i] is the epoch
+	// at which a Stop with nothing below it on that stack last returned, excusing the callback
+	// that called it and what the goroutine runs after (review 44). epoch moves at every push
+	// and pop; stopChanged is closed, and replaced, at every change that may make a slot quiet.
+	// All guarded by stopMu.
 	stopMu      sync.Mutex
-	inStop      []int
-	drained     []int
-	stopsDone   []uint64
+	frames      [][]*stopFrame
+	excusedAt   []uint64
+	epoch       uint64
 	stopChanged chan struct{}
 	// stopHandoff: a callback of finishStop's drain on a worker called runtime.Goexit, so the
 	// first Stop never returns; that worker's replacement (work) runs the rest of the queue and
@@ -214,9 +211,8 @@ func New(opts ...Option) (*Wheel, error) {
 		s.init(w, o.ringSize)
 	}
 	w.pool.init(o.workers, o.queueSize, w.manual != nil)
-	w.inStop = make([]int, len(w.pool.done)+1)
-	w.drained = make([]int, len(w.pool.done)+1)
-	w.stopsDone = make([]uint64, len(w.pool.done)+1)
+	w.frames = make([][]*stopFrame, len(w.pool.done)+1)
+	w.excusedAt = make([]uint64, len(w.pool.done)+1)
 	w.stopChanged = make(chan struct{})
 	w.startWorkers()
 	if w.manual != nil {
@@ -382,9 +378,9 @@ func isClosed(c chan struct{}) bool {
 // a callback, Stop (the first call or a later one) waits for every other callback but not for
 // the one it is called from, nor for callbacks that are themselves inside a Stop (two callbacks
 // that each waited for the other would never return; a callback that called ManualClock.Advance
-// is inside a Stop that a callback of that advance called), nor for what their goroutine runs
-// after that Stop returns; the callbacks that fired with it and were to run after it on the same
-// goroutine still run after Stop returns. After Stop, scheduling returns ErrClosed and Len is 0.
+// is inside a Stop that a callback of that advance called), nor for the rest of them and of the
+// callbacks that fired with them after that Stop returns; the callbacks that fired with it and
+// were to run after it on the same goroutine still run after Stop returns. After Stop, scheduling returns ErrClosed and Len is 0.
 func (w *Wheel) Stop() int {
 	if w.closed.CompareAndSwap(false, true) {
 		return w.stop()
@@ -409,9 +405,10 @@ func (w *Wheel) Stop() int {
 // advancer (adv), or both (a worker's callback that called Advance). It cannot wait for stopped,
 // since the first Stop waits for this goroutine (its worker's exit, or advMu); it waits for what
 // stopped stands for, less what Stop's doc excepts. A goroutine counts as done with (quiet,
-// awaitQuiet) once it exited, or it is inside a Stop and not in a callback that Stop runs, or a
-// Stop on it returned since this one began (what it ran inside has ended; what it runs after is
-// excepted, and waiting for it could deadlock: review 44). The slot of a worker whose callback
+// awaitQuiet, stopwait.go) once it exited, or it is inside a Stop and not in a callback that
+// Stop runs, or a Stop that the callback it runs called returned since this one began (what it
+// ran inside has ended; the rest of that callback and what fired with it are excepted, and
+// waiting for them could deadlock: reviews 44 and 47). The slot of a worker whose callback
 // called Advance is inside the Stops that callbacks of that advance call on it: waiting for the
 // callback below the advance would deadlock the same way (review 46).
 //  1. Off the advancer, the advancer is quiet, or no advance runs callbacks any more (advOver).
@@ -465,65 +462,6 @@ func (w *Wheel) laterStop(mine int, adv bool) {
 	returned = true
 }
 
-// markStop adds d to the Stop calls in progress on worker mine (if mine >= 0) and on the manual
-// advancer (if adv), counting in stopsDone a Stop that returned and was the outermost on its
-// goroutine (review 45: a nested Stop that returns leaves the goroutine inside the outer one,
-// which goes on running what it drains; and one that a runtime.Goexit unwound leaves a
-// replacement goroutine running callbacks the waiters must wait for), and wakes those who wait
-// for a change (awaitQuiet). It returns a copy of stopsDone as it left it, for awaitQuiet.
-func (w *Wheel) markStop(mine int, adv bool, d int, returned bool) []uint64 {
-	w.stopMu.Lock()
-	defer w.stopMu.Unlock()
-	mark := func(k int) {
-		w.inStop[k] += d
-		if returned && w.inStop[k] == 0 {
-			w.stopsDone[k]++
-		}
-	}
-	if mine >= 0 {
-		mark(mine)
-	}
-	if adv {
-		mark(len(w.pool.done))
-	}
-	w.stopChangedLocked()
-	return slices.Clone(w.stopsDone)
-}
-
-// stopChangedLocked wakes those who wait in awaitQuiet; the caller holds stopMu.
-func (w *Wheel) stopChangedLocked() {
-	close(w.stopChanged)
-	w.stopChanged = make(chan struct{})
-}
-
-// markDrained adds d to the drained chunks running in slot k, and wakes those who wait.
-func (w *Wheel) markDrained(k, d int) {
-	w.stopMu.Lock()
-	w.drained[k] += d
-	w.stopChangedLocked()
-	w.stopMu.Unlock()
-}
-
-// awaitQuiet waits until over is closed (worker k exited, or for the advancer's slot, advOver),
-// or the goroutine of slot k is inside a Stop and not in a callback that Stop runs, or a Stop
-// on it returned since the caller's began (since: markStop's copy).
-func (w *Wheel) awaitQuiet(k int, over chan struct{}, since []uint64) {
-	for {
-		w.stopMu.Lock()
-		quiet := w.inStop[k] > w.drained[k] || w.stopsDone[k] != since[k]
-		changed := w.stopChanged
-		w.stopMu.Unlock()
-		if quiet {
-			return
-		}
-		select {
-		case <-over:
-			return
-		case <-changed:
-		}
-	}
-}
-
 // quitWorkers closes quit (once).
 func (w *Wheel) quitWorkers() { w.quitOnce.Do(func() { close(w.quit) }) }
 
@@ -544,8 +482,8 @@ func (w *Wheel) drainQueue(k int, wk *worker) {
 // chunk has run, also if a callback of it calls runtime.Goexit: marked only after the receive,
 // a chunk just taken would let a waiter find the slot quiet and the queue empty (review 45).
 func (w *Wheel) drainOne(k int, wk *worker) bool {
-	w.markDrained(k, 1)
-	defer w.markDrained(k, -1)
+	w.pushDrain(k)
+	defer w.popDrain(k)
 	select {
 	case c := <-w.pool.queue:
 		if c.adv != nil {
