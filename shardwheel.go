@@ -370,7 +370,9 @@ func isClosed(c chan struct{}) bool {
 
 // Stop stops the wheel and returns how many timers were pending and will now never run. Pending
 // timers never fire; callbacks already running, or already handed to the worker pool, run to
-// their end before Stop returns, and every goroutine the wheel started has exited by then. A
+// their end before Stop returns, and every goroutine the wheel started has exited by then (but,
+// from a callback, those running the callbacks Stop does not wait for, as below: each exits once
+// they return). A
 // deadline context whose timer Stop dropped is handed to a runtime timer (time.AfterFunc, as
 // context.WithDeadline arms), which ends it at its deadline, after Stop has returned.
 // Safe to call more than once and from several goroutines: later calls return 0, once the first
@@ -506,8 +508,10 @@ func (w *Wheel) stop() int {
 	// Called from a callback (on a worker, or on the manual advancer), this goroutine is inside
 	// a Stop: later Stops from callbacks do not wait for it (laterStop).
 	returned := false // a callback that finishStop drains may call runtime.Goexit
+	inCallback, since := false, uint64(0)
 	if mine := w.workerIndex(self); mine >= 0 || onAdvancer {
-		w.markStop(mine, onAdvancer, 1, false)
+		inCallback = true
+		since = w.markStop(mine, onAdvancer, 1, false)
 		defer func() { w.markStop(mine, onAdvancer, -1, returned) }()
 	}
 
@@ -543,7 +547,7 @@ func (w *Wheel) stop() int {
 	w.noteDropped(int64(n))
 
 	// 4. Every other callback runs to its end, and every worker exits.
-	w.finishStop(self)
+	w.finishStop(self, inCallback, since)
 	// An Every whose run was in progress on another goroutine found its ring closed and counted
 	// itself in dropped before its worker exited; one whose run starts from now on has no next
 	// run to count (runPeriodic). Nothing else counts in dropped.
@@ -576,7 +580,14 @@ func (w *Wheel) dropOwnRuns(self int64) int {
 
 // finishStop tells the workers to finish what was handed to them and waits for them to exit
 // (not for the goroutine self, when Stop runs on a worker: it exits after its callback
-// returns), then releases later Stop calls.
+// returns), then releases later Stop calls. Called from a callback (inCallback; since is its
+// markStop's epoch), it does not wait for a worker whose callback was inside a later Stop that
+// returned meanwhile, with nothing left on its stack: what that worker runs after it is not
+// waited for (stopwait.go), and waiting for its exit would deadlock a callback that, its Stop
+// returned, waits for this one (review 48). That later Stop emptied the queue before it
+// returned, and with a manual clock nothing is queued since (this Stop holds advMu, or runs on
+// the advancer, which queues nothing once closing is closed); on the system clock a worker
+// that queues after its Stop returned runs that chunk itself before it exits (work).
 //
 // On a worker, what is left in the queue once the others have exited is this Stop's to run: the
 // others drain the queue before they exit, but with one worker nobody else would, and those
@@ -587,7 +598,7 @@ func (w *Wheel) dropOwnRuns(self int64) int {
 // the deferred call hands the rest over to this worker's replacement, which runs what is left
 // in the queue and only then, as the last worker to exit, releases later Stop calls (work;
 // review 30), so that they still return only once every callback handed to the pool has run.
-func (w *Wheel) finishStop(self int64) {
+func (w *Wheel) finishStop(self int64, inCallback bool, since uint64) {
 	w.quitWorkers()
 	mine := -1
 	for i, done := range w.pool.done {
@@ -595,7 +606,11 @@ func (w *Wheel) finishStop(self int64) {
 			mine = i
 			continue
 		}
-		<-done
+		if inCallback {
+			w.awaitExcused(i, done, since)
+		} else {
+			<-done
+		}
 	}
 	if mine < 0 {
 		close(w.stopped)

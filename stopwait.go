@@ -128,3 +128,24 @@ func (w *Wheel) awaitQuiet(k int, over chan struct{}, since uint64) {
 		}
 	}
 }
+
+// awaitExcused waits until done is closed (worker k exited) or worker k's stack is empty and a
+// Stop on it returned since epoch since: the callback that called it, and what the worker runs
+// after, are not waited for (finishStop, review 48). Unlike quiet, a Stop on top is not enough:
+// the first Stop waits once, and that Stop may still drain chunks.
+func (w *Wheel) awaitExcused(k int, done chan struct{}, since uint64) {
+	for {
+		w.stopMu.Lock()
+		excused := len(w.frames[k]) == 0 && w.excusedAt[k] > since
+		changed := w.stopChanged
+		w.stopMu.Unlock()
+		if excused {
+			return
+		}
+		select {
+		case <-done:
+			return
+		case <-changed:
+		}
+	}
+}
