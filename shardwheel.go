@@ -399,12 +399,12 @@ func (w *Wheel) Stop() int {
 		<-w.advOver
 		return 0
 	}
-	w.laterStop(mine, adv)
+	w.laterStop(self, mine, adv)
 	return 0
 }
 
-// laterStop is a later Stop called from a callback, on worker mine (-1 if none) or on the manual
-// advancer (adv), or both (a worker's callback that called Advance). It cannot wait for stopped,
+// laterStop is a later Stop called from a callback on goroutine self, on worker mine (-1 if
+// none) or on the manual advancer (adv), or both (a worker's callback that called Advance). It cannot wait for stopped,
 // since the first Stop waits for this goroutine (its worker's exit, or advMu); it waits for what
 // stopped stands for, less what Stop's doc excepts. A goroutine counts as done with (quiet,
 // awaitQuiet, stopwait.go) once it exited, or it is inside a Stop and not in a callback that
@@ -433,11 +433,18 @@ func (w *Wheel) Stop() int {
 // advancer queues, and once closing is closed (the first Stop closes it as it starts) it runs
 // every chunk itself (dispatch); its last send came before the callback we are in started, and
 // the workers drain the queue before they exit.
-func (w *Wheel) laterStop(mine int, adv bool) {
+func (w *Wheel) laterStop(self int64, mine int, adv bool) {
 	advSlot := len(w.pool.done)
 	since := w.markStop(mine, adv, 1, false)
 	returned := false // a callback this Stop drains may call runtime.Goexit
 	defer func() { w.markStop(mine, adv, -1, returned) }()
+	// An Every whose run is in progress on this goroutine counts its next run now, as the first
+	// Stop's step 3 does: once this Stop has returned, the first may return without waiting for
+	// what this goroutine runs after (awaitExcused), so before that run's re-arm would find the
+	// ring closed and count it (review 49).
+	if n := w.dropOwnRuns(self); n > 0 {
+		w.noteDropped(int64(n))
+	}
 	if adv {
 		<-w.closing // the first Stop closes it as it starts: from then on dispatch queues nothing
 		w.quitWorkers()
@@ -587,7 +594,8 @@ func (w *Wheel) dropOwnRuns(self int64) int {
 // returned, waits for this one (review 48). That later Stop emptied the queue before it
 // returned, and with a manual clock nothing is queued since (this Stop holds advMu, or runs on
 // the advancer, which queues nothing once closing is closed); on the system clock a worker
-// that queues after its Stop returned runs that chunk itself before it exits (work).
+// queues only shares of an advance step (offerFired), all before it runs its own share, where
+// that later Stop's callback is, and begins no step once closed is set (review 49 looked).
 //
 // On a worker, what is left in the queue once the others have exited is this Stop's to run: the
 // others drain the queue before they exit, but with one worker nobody else would, and those
