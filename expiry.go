@@ -158,6 +158,7 @@ func (w *Wheel) work(i int) {
 			// nothing may start after Stop returned.
 			close(w.pool.done[i])
 		default: // a Goexit: another goroutine takes the worker's place
+			w.batchOver(i)
 			clear(wk.batch)
 			wk.batch = wk.batch[:0]
 			clear(wk.due)
@@ -167,6 +168,9 @@ func (w *Wheel) work(i int) {
 	}()
 	w.pool.gids[i].Store(goid())
 	for {
+		if w.closed.Load() {
+			w.batchOver(i) // what this worker takes from now on is excused by no Stop (stopwait.go)
+		}
 		select {
 		case c := <-w.pool.queue: // a nil queue (WithWorkers(0)) is never ready
 			w.runTask(wk, c)

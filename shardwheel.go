@@ -125,15 +125,13 @@ type Wheel struct {
 	// What the goroutines that run callbacks are inside of, for later Stops from callbacks, which
 	// wait for every other callback but not for those inside a Stop (laterStop, stopwait.go).
 	// frames[i] is the stack of Stops and drained chunks on worker i's goroutine,
-	// frames[len(pool.done)] on the manual advancer's, innermost last; excusedAt[i] is the epoch
-	// at which a Stop with nothing below it on that stack last returned, excusing the callback
-	// that called it and what the goroutine runs after (review 44). epoch moves at every push
-	// and pop; stopChanged is closed, and replaced, at every change that may make a slot quiet.
-	// All guarded by stopMu.
+	// frames[len(pool.done)] on the manual advancer's, innermost last; excused[i]: a Stop with
+	// nothing below it on that stack returned, excusing the rest of the callback that called it
+	// and of its batch (review 44), until worker i is back in its loop (batchOver). stopChanged
+	// is closed, and replaced, at every change that may make a slot quiet. All guarded by stopMu.
 	stopMu      sync.Mutex
 	frames      [][]*stopFrame
-	excusedAt   []uint64
-	epoch       uint64
+	excused     []bool
 	stopChanged chan struct{}
 	// stopHandoff: a callback of finishStop's drain on a worker called runtime.Goexit, so the
 	// first Stop never returns; that worker's replacement (work) runs the rest of the queue and
@@ -212,7 +210,7 @@ func New(opts ...Option) (*Wheel, error) {
 	}
 	w.pool.init(o.workers, o.queueSize, w.manual != nil)
 	w.frames = make([][]*stopFrame, len(w.pool.done)+1)
-	w.excusedAt = make([]uint64, len(w.pool.done)+1)
+	w.excused = make([]bool, len(w.pool.done)+1)
 	w.stopChanged = make(chan struct{})
 	w.startWorkers()
 	if w.manual != nil {
@@ -408,9 +406,9 @@ func (w *Wheel) Stop() int {
 // since the first Stop waits for this goroutine (its worker's exit, or advMu); it waits for what
 // stopped stands for, less what Stop's doc excepts. A goroutine counts as done with (quiet,
 // awaitQuiet, stopwait.go) once it exited, or it is inside a Stop and not in a callback that
-// Stop runs, or a Stop that the callback it runs called returned since this one began (what it
-// ran inside has ended; the rest of that callback and what fired with it are excepted, and
-// waiting for them could deadlock: reviews 44 and 47). The slot of a worker whose callback
+// Stop runs, or a Stop that the callback it runs called has returned (what it ran inside has
+// ended; the rest of that callback and what fired with it are excepted, also for a Stop called
+// after, and waiting for them could deadlock: reviews 44, 47 and 50). The slot of a worker whose callback
 // called Advance is inside the Stops that callbacks of that advance call on it: waiting for the
 // callback below the advance would deadlock the same way (review 46).
 //  1. Off the advancer, the advancer is quiet, or no advance runs callbacks any more (advOver).
@@ -435,7 +433,7 @@ func (w *Wheel) Stop() int {
 // the workers drain the queue before they exit.
 func (w *Wheel) laterStop(self int64, mine int, adv bool) {
 	advSlot := len(w.pool.done)
-	since := w.markStop(mine, adv, 1, false)
+	w.markStop(mine, adv, 1, false)
 	returned := false // a callback this Stop drains may call runtime.Goexit
 	defer func() { w.markStop(mine, adv, -1, returned) }()
 	// An Every whose run is in progress on this goroutine counts its next run now, as the first
@@ -449,12 +447,12 @@ func (w *Wheel) laterStop(self int64, mine int, adv bool) {
 		<-w.closing // the first Stop closes it as it starts: from then on dispatch queues nothing
 		w.quitWorkers()
 	} else {
-		w.awaitQuiet(advSlot, w.advOver, since)
+		w.awaitQuiet(advSlot, w.advOver)
 	}
 	others := func() {
 		for j, done := range w.pool.done {
 			if j != mine {
-				w.awaitQuiet(j, done, since)
+				w.awaitQuiet(j, done)
 			}
 		}
 	}
@@ -466,7 +464,7 @@ func (w *Wheel) laterStop(self int64, mine int, adv bool) {
 	w.drainQueue(k, wk)
 	others()
 	if !adv {
-		w.awaitQuiet(advSlot, w.advOver, since) // the advancer's Stops drain too (review 45)
+		w.awaitQuiet(advSlot, w.advOver) // the advancer's Stops drain too (review 45)
 	}
 	returned = true
 }
@@ -515,10 +513,10 @@ func (w *Wheel) stop() int {
 	// Called from a callback (on a worker, or on the manual advancer), this goroutine is inside
 	// a Stop: later Stops from callbacks do not wait for it (laterStop).
 	returned := false // a callback that finishStop drains may call runtime.Goexit
-	inCallback, since := false, uint64(0)
+	inCallback := false
 	if mine := w.workerIndex(self); mine >= 0 || onAdvancer {
 		inCallback = true
-		since = w.markStop(mine, onAdvancer, 1, false)
+		w.markStop(mine, onAdvancer, 1, false)
 		defer func() { w.markStop(mine, onAdvancer, -1, returned) }()
 	}
 
@@ -554,7 +552,7 @@ func (w *Wheel) stop() int {
 	w.noteDropped(int64(n))
 
 	// 4. Every other callback runs to its end, and every worker exits.
-	w.finishStop(self, inCallback, since)
+	w.finishStop(self, inCallback)
 	// An Every whose run was in progress on another goroutine found its ring closed and counted
 	// itself in dropped before its worker exited; one whose run starts from now on has no next
 	// run to count (runPeriodic). Nothing else counts in dropped.
@@ -587,9 +585,9 @@ func (w *Wheel) dropOwnRuns(self int64) int {
 
 // finishStop tells the workers to finish what was handed to them and waits for them to exit
 // (not for the goroutine self, when Stop runs on a worker: it exits after its callback
-// returns), then releases later Stop calls. Called from a callback (inCallback; since is its
-// markStop's epoch), it does not wait for a worker whose callback was inside a later Stop that
-// returned meanwhile, with nothing left on its stack: what that worker runs after it is not
+// returns), then releases later Stop calls. Called from a callback (inCallback), it does not
+// wait for a worker whose callback was inside a later Stop that returned, with nothing left on
+// its stack, until that worker is back in its loop: what that worker runs after it is not
 // waited for (stopwait.go), and waiting for its exit would deadlock a callback that, its Stop
 // returned, waits for this one (review 48). That later Stop emptied the queue before it
 // returned, and with a manual clock nothing is queued since (this Stop holds advMu, or runs on
@@ -606,7 +604,7 @@ func (w *Wheel) dropOwnRuns(self int64) int {
 // the deferred call hands the rest over to this worker's replacement, which runs what is left
 // in the queue and only then, as the last worker to exit, releases later Stop calls (work;
 // review 30), so that they still return only once every callback handed to the pool has run.
-func (w *Wheel) finishStop(self int64, inCallback bool, since uint64) {
+func (w *Wheel) finishStop(self int64, inCallback bool) {
 	w.quitWorkers()
 	mine := -1
 	for i, done := range w.pool.done {
@@ -615,7 +613,7 @@ func (w *Wheel) finishStop(self int64, inCallback bool, since uint64) {
 			continue
 		}
 		if inCallback {
-			w.awaitExcused(i, done, since)
+			w.awaitExcused(i, done)
 		} else {
 			<-done
 		}
