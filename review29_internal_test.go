@@ -206,22 +206,32 @@ func TestReview29DroppedParentEndsKidOnOpenShard(t *testing.T) {
 			c()
 		}
 	}()
-	// Find a parent on shard 0 and a wheel child on shard 1 (the shard follows the caller's P;
-	// each attempt runs on a new goroutine).
+	// Find a parent on shard 0 and a wheel child on shard 1. The shard follows the caller's P
+	// (pick.go), and a new goroutine mostly runs on its spawner's P: two GCs empty the token
+	// pool, whose next token takes the next shard, so each arm after them alternates shards
+	// (under -race the shard follows the goroutine's stack: each attempt runs on a new one).
+	// Without them the search failed about once in 180 runs (CI, 2026-11-26).
+	fresh := func() { runtime.GC(); runtime.GC() }
+	var tries, onZero, kids int
 	for i := 0; i < 2000 && kid == nil; i++ {
+		tries++
 		ch := make(chan struct{})
 		go func() {
 			defer close(ch)
+			fresh()
 			p, pc := w.WithTimeout(context.Background(), time.Hour)
 			if p.(*deadlineCtx).timer.s != w.shards[0] {
 				pc()
 				return
 			}
+			onZero++
 			dl, _ := p.Deadline()
 			for j := 0; j < 50; j++ {
+				kids++
 				done := make(chan struct{})
 				var k context.Context
 				var kc context.CancelFunc
+				fresh()
 				go func() { defer close(done); k, kc = w.WithDeadline(p, dl) }()
 				<-done
 				if k.(*deadlineCtx).timer.s == w.shards[1] {
@@ -234,7 +244,7 @@ func TestReview29DroppedParentEndsKidOnOpenShard(t *testing.T) {
 		}()
 		<-ch
 	}
-	require.NotNil(t, kid, "could not place a parent on shard 0 and its child on shard 1")
+	require.NotNil(t, kid, "could not place a parent on shard 0 and its child on shard 1 (%d tries, %d parents on shard 0, %d children tried)", tries, onZero, kids)
 	pc, kc := parent.(*deadlineCtx), kid.(*deadlineCtx)
 	require.Equal(t, 2, w.Len())
 	stoppedBefore := w.Stats().Stopped // the search's cancelled contexts
