@@ -181,6 +181,10 @@ func (w *Wheel) work(i int) {
 			for {
 				select {
 				case c := <-w.pool.queue:
+					// Not the rest of an excused batch: the queue is empty after any Stop that
+					// excuses one (it drains it), but a chunk taken here must never read as
+					// excused should that change (review 51).
+					w.batchOver(i)
 					w.runTask(wk, c)
 					continue
 				default:
