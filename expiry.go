@@ -168,8 +168,12 @@ func (w *Wheel) work(i int) {
 	}()
 	w.pool.gids[i].Store(goid())
 	for {
+		// Once Stop began, a Stop called from the batch this worker ran may have excused it
+		// (stopwait.go); what it takes from the queue from here on is in no Stop. The excuse
+		// ends before the receive: a worker paused between a receive and the end of its excuse
+		// would hold a chunk that a waiter reads as excused.
 		if w.closed.Load() {
-			w.batchOver(i) // what this worker takes from now on is excused by no Stop (stopwait.go)
+			w.batchOver(i)
 		}
 		select {
 		case c := <-w.pool.queue: // a nil queue (WithWorkers(0)) is never ready
@@ -179,12 +183,9 @@ func (w *Wheel) work(i int) {
 		}
 		if isClosed(w.quit) {
 			for {
+				w.batchOver(i) // as above, before each receive (review 51)
 				select {
 				case c := <-w.pool.queue:
-					// Not the rest of an excused batch: the queue is empty after any Stop that
-					// excuses one (it drains it), but a chunk taken here must never read as
-					// excused should that change (review 51).
-					w.batchOver(i)
 					w.runTask(wk, c)
 					continue
 				default:

@@ -127,10 +127,14 @@ type Wheel struct {
 	// frames[i] is the stack of Stops and drained chunks on worker i's goroutine,
 	// frames[len(pool.done)] on the manual advancer's, innermost last; excused[i]: a Stop with
 	// nothing below it on that stack returned, excusing the rest of the callback that called it
-	// and of its batch (review 44), until worker i is back in its loop (batchOver). stopChanged
-	// is closed, and replaced, at every change that may make a slot quiet. All guarded by stopMu.
+	// and of its batch (review 44), until worker i next takes a chunk from the queue (batchOver,
+	// work). The advancer's excused is never cleared: it is set only once closing is closed,
+	// and from then on the advancer runs only the rest of its batch (dispatch runs every chunk
+	// itself, advance stops at closed, and no advance starts again). stopChanged is closed, and
+	// replaced, at every change that may make a slot quiet or excused (stopwait.go). All
+	// guarded by stopMu.
 	stopMu      sync.Mutex
-	frames      [][]*stopFrame
+	frames      [][]stopFrame
 	excused     []bool
 	stopChanged chan struct{}
 	// stopHandoff: a callback of finishStop's drain on a worker called runtime.Goexit, so the
@@ -209,7 +213,7 @@ func New(opts ...Option) (*Wheel, error) {
 		s.init(w, o.ringSize)
 	}
 	w.pool.init(o.workers, o.queueSize, w.manual != nil)
-	w.frames = make([][]*stopFrame, len(w.pool.done)+1)
+	w.frames = make([][]stopFrame, len(w.pool.done)+1)
 	w.excused = make([]bool, len(w.pool.done)+1)
 	w.stopChanged = make(chan struct{})
 	w.startWorkers()
@@ -370,9 +374,9 @@ func isClosed(c chan struct{}) bool {
 // timers never fire; callbacks already running, or already handed to the worker pool, run to
 // their end before Stop returns, and every goroutine the wheel started has exited by then (but,
 // from a callback, those running the callbacks Stop does not wait for, as below: each exits once
-// they return). A
-// deadline context whose timer Stop dropped is handed to a runtime timer (time.AfterFunc, as
-// context.WithDeadline arms), which ends it at its deadline, after Stop has returned.
+// they return). A deadline context whose timer Stop dropped is handed to a runtime timer
+// (time.AfterFunc, as context.WithDeadline arms), which ends it at its deadline, after Stop has
+// returned.
 // Safe to call more than once and from several goroutines: later calls return 0, once the first
 // has finished and every worker has exited (the first may be a callback's). Called from inside
 // a callback, Stop (the first call or a later one) waits for every other callback but not for
@@ -380,7 +384,8 @@ func isClosed(c chan struct{}) bool {
 // that each waited for the other would never return; a callback that called ManualClock.Advance
 // is inside a Stop that a callback of that advance called), nor for the rest of them and of the
 // callbacks that fired with them after that Stop returns; the callbacks that fired with it and
-// were to run after it on the same goroutine still run after Stop returns. After Stop, scheduling returns ErrClosed and Len is 0.
+// were to run after it on the same goroutine still run after Stop returns. After Stop,
+// scheduling returns ErrClosed and Len is 0.
 func (w *Wheel) Stop() int {
 	if w.closed.CompareAndSwap(false, true) {
 		return w.stop()
@@ -402,25 +407,30 @@ func (w *Wheel) Stop() int {
 }
 
 // laterStop is a later Stop called from a callback on goroutine self, on worker mine (-1 if
-// none) or on the manual advancer (adv), or both (a worker's callback that called Advance). It cannot wait for stopped,
-// since the first Stop waits for this goroutine (its worker's exit, or advMu); it waits for what
-// stopped stands for, less what Stop's doc excepts. A goroutine counts as done with (quiet,
-// awaitQuiet, stopwait.go) once it exited, or it is inside a Stop and not in a callback that
-// Stop runs, or a Stop that the callback it runs called has returned (what it ran inside has
-// ended; the rest of that callback and what fired with it are excepted, also for a Stop called
-// after, and waiting for them could deadlock: reviews 44, 47 and 50). The slot of a worker whose callback
-// called Advance is inside the Stops that callbacks of that advance call on it: waiting for the
-// callback below the advance would deadlock the same way (review 46).
+// none) or on the manual advancer (adv), or both (a worker's callback that called Advance). It
+// cannot wait for stopped, since the first Stop waits for this goroutine (its worker's exit, or
+// advMu); it waits for what stopped stands for, less what Stop's doc excepts. A goroutine
+// counts as done with (quiet, stopwait.go) once it exited, or it is inside a Stop and not in a
+// callback that Stop runs, or a Stop that the callback it runs called has returned (what it ran
+// inside has ended; the rest of that callback and what fired with it are excepted, also for a
+// Stop called after, and waiting for them could deadlock: reviews 44, 47 and 50). The slot of
+// a worker whose callback called Advance is inside the Stops that callbacks of that advance call
+// on it: waiting for the callback below the advance would deadlock the same way (review 46).
+//  0. An Every whose run is in progress on this goroutine counts its next run now, as the first
+//     Stop's step 3 does: once this Stop has returned, the first may return without waiting for
+//     what this goroutine runs after (finishStop), before that run's re-arm would count it
+//     (review 49).
 //  1. Off the advancer, the advancer is quiet, or no advance runs callbacks any more (advOver).
 //  2. Every other worker is quiet.
 //  3. It runs what is left in the queue itself, as finishStop does: callbacks handed to the
 //     pool run before Stop returns. By then nobody queues any more: the workers not inside a
-//     Stop have exited, and the manual advancer runs every chunk itself once closing is closed.
-//     A worker inside a Stop may queue again after it returns; it runs that chunk itself before
-//     it exits (work), after this call may have returned.
+//     Stop have exited or are quiet, a worker offers the shares of an advance step before it
+//     runs its own (offerFired) and begins no step once closed is set, and the manual advancer
+//     runs every chunk itself once closing is closed.
 //  4. Another Stop may have taken a chunk from the queue before this one came to it: it waits
 //     once more for every other worker to be quiet, which a worker running a drained callback
-//     is not (review 43). No Stop waits for this one then: it is marked, and runs nothing.
+//     is not (review 43), and, off the advancer, for the advancer (its Stops drain too: review
+//     45). No Stop waits for this one then: it is marked, and runs nothing.
 //
 // Why it cannot deadlock. It marks its goroutine inside a Stop before it waits, so nobody who
 // waits in laterStop waits for it; the first Stop waits for nobody in laterStop but through
@@ -433,26 +443,22 @@ func (w *Wheel) Stop() int {
 // the workers drain the queue before they exit.
 func (w *Wheel) laterStop(self int64, mine int, adv bool) {
 	advSlot := len(w.pool.done)
-	w.markStop(mine, adv, 1, false)
+	w.enterStop(mine, adv)
 	returned := false // a callback this Stop drains may call runtime.Goexit
-	defer func() { w.markStop(mine, adv, -1, returned) }()
-	// An Every whose run is in progress on this goroutine counts its next run now, as the first
-	// Stop's step 3 does: once this Stop has returned, the first may return without waiting for
-	// what this goroutine runs after (awaitExcused), so before that run's re-arm would find the
-	// ring closed and count it (review 49).
-	if n := w.dropOwnRuns(self); n > 0 {
+	defer func() { w.leaveStop(mine, adv, returned) }()
+	if n := w.dropOwnRuns(self); n > 0 { // step 0
 		w.noteDropped(int64(n))
 	}
 	if adv {
 		<-w.closing // the first Stop closes it as it starts: from then on dispatch queues nothing
 		w.quitWorkers()
 	} else {
-		w.awaitQuiet(advSlot, w.advOver)
+		w.awaitSlot(advSlot, w.advOver, w.quietLocked)
 	}
 	others := func() {
 		for j, done := range w.pool.done {
 			if j != mine {
-				w.awaitQuiet(j, done)
+				w.awaitSlot(j, done, w.quietLocked)
 			}
 		}
 	}
@@ -464,7 +470,7 @@ func (w *Wheel) laterStop(self int64, mine int, adv bool) {
 	w.drainQueue(k, wk)
 	others()
 	if !adv {
-		w.awaitQuiet(advSlot, w.advOver) // the advancer's Stops drain too (review 45)
+		w.awaitSlot(advSlot, w.advOver, w.quietLocked) // step 4, the advancer (review 45)
 	}
 	returned = true
 }
@@ -485,7 +491,7 @@ func (w *Wheel) drainQueue(k int, wk *worker) {
 }
 
 // drainOne takes one chunk from the queue and runs it; false if the queue was empty. The slot
-// counts as running a drained chunk (awaitQuiet) from before it looks at the queue until the
+// counts as running a drained chunk (quietLocked) from before it looks at the queue until the
 // chunk has run, also if a callback of it calls runtime.Goexit: marked only after the receive,
 // a chunk just taken would let a waiter find the slot quiet and the queue empty (review 45).
 func (w *Wheel) drainOne(k int, wk *worker) bool {
@@ -516,8 +522,8 @@ func (w *Wheel) stop() int {
 	inCallback := false
 	if mine := w.workerIndex(self); mine >= 0 || onAdvancer {
 		inCallback = true
-		w.markStop(mine, onAdvancer, 1, false)
-		defer func() { w.markStop(mine, onAdvancer, -1, returned) }()
+		w.enterStop(mine, onAdvancer)
+		defer func() { w.leaveStop(mine, onAdvancer, returned) }()
 	}
 
 	// 1. With a manual clock, wait for a running Advance (unless Stop is called from a callback
@@ -613,7 +619,7 @@ func (w *Wheel) finishStop(self int64, inCallback bool) {
 			continue
 		}
 		if inCallback {
-			w.awaitExcused(i, done)
+			w.awaitSlot(i, done, w.excusedLocked)
 		} else {
 			<-done
 		}

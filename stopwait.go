@@ -32,80 +32,90 @@ package shardwheel
 // from the queue later pushes a frame of its own, which the waiter's second look (laterStop step
 // 4) sees: the queue only shrinks once Stop began, and the waiter empties it before that look.
 
-// stopFrame is one frame of a slot's stack. Guarded by Wheel.stopMu.
+// stopFrame is one frame of a slot's stack (a value in Wheel.frames). Guarded by Wheel.stopMu.
 type stopFrame struct {
 	drain bool // a chunk a Stop took from the queue (else a Stop)
 	// excused: for a drain frame, a Stop that a callback of its chunk called has returned.
 	excused bool
 }
 
-// markStop pushes (d > 0) or pops a Stop frame on worker mine's slot (if mine >= 0) and on the
-// manual advancer's (if adv), and wakes those who wait. A Stop that returned (not one a
-// runtime.Goexit unwound: review 45, the replacement goroutine runs callbacks the waiters must
-// wait for) excuses what runs below it: the chunk of the drain frame it leaves on top, or with
-// nothing below, the rest of the goroutine's callback and batch.
-func (w *Wheel) markStop(mine int, adv bool, d int, returned bool) {
+// enterStop pushes a Stop frame on worker mine's slot (if mine >= 0) and on the manual
+// advancer's (if adv), and wakes those who wait: a slot with a Stop on top is quiet.
+func (w *Wheel) enterStop(mine int, adv bool) {
 	w.stopMu.Lock()
 	defer w.stopMu.Unlock()
-	mark := func(k int) {
-		if d > 0 {
-			w.frames[k] = append(w.frames[k], &stopFrame{})
-			return
-		}
-		fr := w.frames[k]
-		fr[len(fr)-1] = nil
-		fr = fr[:len(fr)-1]
-		w.frames[k] = fr
-		switch {
-		case !returned:
-		case len(fr) == 0:
-			w.excused[k] = true
-		case fr[len(fr)-1].drain:
-			fr[len(fr)-1].excused = true
-		}
-	}
 	if mine >= 0 {
-		mark(mine)
+		w.frames[mine] = append(w.frames[mine], stopFrame{})
 	}
 	if adv {
-		mark(len(w.pool.done))
+		w.frames[len(w.pool.done)] = append(w.frames[len(w.pool.done)], stopFrame{})
 	}
 	w.stopChangedLocked()
 }
 
-// batchOver ends worker k's excuse (markStop): its goroutine is back in its loop (work), or a
-// runtime.Goexit ended it and a new one takes its place. Called only once Stop began.
+// leaveStop pops the Stop frames enterStop pushed, and wakes those who wait. A Stop that returned
+// (not one a runtime.Goexit unwound: review 45, the replacement goroutine runs callbacks the
+// waiters must wait for) excuses what runs below it: the chunk of the drain frame it leaves on
+// top, or with nothing below, the rest of the goroutine's callback and batch.
+func (w *Wheel) leaveStop(mine int, adv bool, returned bool) {
+	w.stopMu.Lock()
+	defer w.stopMu.Unlock()
+	if mine >= 0 {
+		w.popLocked(mine, returned)
+	}
+	if adv {
+		w.popLocked(len(w.pool.done), returned)
+	}
+	w.stopChangedLocked()
+}
+
+// popLocked pops slot k's top frame; excuse says whether what runs below it is excused (a
+// Stop that returned; a drain frame, whose chunk ran, excuses nothing). The caller holds stopMu.
+func (w *Wheel) popLocked(k int, excuse bool) {
+	fr := w.frames[k][:len(w.frames[k])-1]
+	w.frames[k] = fr
+	switch {
+	case !excuse:
+	case len(fr) == 0:
+		w.excused[k] = true
+	case fr[len(fr)-1].drain:
+		fr[len(fr)-1].excused = true
+	}
+}
+
+// batchOver ends worker k's excuse (leaveStop): its goroutine is about to take a chunk from the
+// queue in its loop (work), or a runtime.Goexit ended it and a new one takes its place. Called
+// only once Stop began. It wakes nobody: the slot only gets busier.
 func (w *Wheel) batchOver(k int) {
 	w.stopMu.Lock()
 	w.excused[k] = false
 	w.stopMu.Unlock()
 }
 
-// pushDrain pushes a drain frame on slot k, before its Stop looks at the queue (drainOne).
+// pushDrain pushes a drain frame on slot k, before its Stop looks at the queue (drainOne). It
+// wakes nobody: the slot only gets busier.
 func (w *Wheel) pushDrain(k int) {
 	w.stopMu.Lock()
-	w.frames[k] = append(w.frames[k], &stopFrame{drain: true})
+	w.frames[k] = append(w.frames[k], stopFrame{drain: true})
 	w.stopMu.Unlock()
 }
 
 // popDrain pops slot k's top frame, a drain frame whose chunk has run, and wakes those who wait.
 func (w *Wheel) popDrain(k int) {
 	w.stopMu.Lock()
-	fr := w.frames[k]
-	fr[len(fr)-1] = nil
-	w.frames[k] = fr[:len(fr)-1]
+	w.popLocked(k, false)
 	w.stopChangedLocked()
 	w.stopMu.Unlock()
 }
 
-// stopChangedLocked wakes those who wait in awaitQuiet; the caller holds stopMu.
+// stopChangedLocked wakes those who wait in awaitSlot; the caller holds stopMu.
 func (w *Wheel) stopChangedLocked() {
 	close(w.stopChanged)
 	w.stopChanged = make(chan struct{})
 }
 
-// quietLocked reports whether a waiter is done with slot k (see the top of this file); the
-// caller holds stopMu.
+// quietLocked reports whether a later Stop is done with slot k (see the top of this file): the
+// top frame is a Stop, or an excused chunk or batch. The caller holds stopMu.
 func (w *Wheel) quietLocked(k int) bool {
 	fr := w.frames[k]
 	if len(fr) == 0 {
@@ -115,40 +125,29 @@ func (w *Wheel) quietLocked(k int) bool {
 	return !top.drain || top.excused
 }
 
-// awaitQuiet waits until over is closed (worker k exited, or for the advancer's slot, advOver),
-// or slot k is quiet.
-func (w *Wheel) awaitQuiet(k int, over chan struct{}) {
+// excusedLocked reports whether the first Stop is done with worker k (finishStop, review 48):
+// nothing on its stack, and its batch excused. Unlike quiet, a Stop on top is not enough: the
+// first Stop looks once, and that Stop may still drain chunks. The caller holds stopMu.
+func (w *Wheel) excusedLocked(k int) bool {
+	return len(w.frames[k]) == 0 && w.excused[k]
+}
+
+// awaitSlot waits until over is closed (worker k exited, or for the advancer's slot, advOver)
+// or done(k) holds (quietLocked or excusedLocked). It reads done(k) and the channel to wait on
+// under one hold of stopMu, and every change that can make done(k) true closes that channel
+// (leaveStop, popDrain, and enterStop for quiet), so a change between the read and the wait is
+// never missed.
+func (w *Wheel) awaitSlot(k int, over chan struct{}, done func(int) bool) {
 	for {
 		w.stopMu.Lock()
-		quiet := w.quietLocked(k)
+		ok := done(k)
 		changed := w.stopChanged
 		w.stopMu.Unlock()
-		if quiet {
+		if ok {
 			return
 		}
 		select {
 		case <-over:
-			return
-		case <-changed:
-		}
-	}
-}
-
-// awaitExcused waits until done is closed (worker k exited) or worker k's stack is empty and its
-// batch excused: the rest of the callback whose Stop returned, and of its batch, are not waited
-// for (finishStop, review 48). Unlike quiet, a Stop on top is not enough: the first Stop waits
-// once, and that Stop may still drain chunks.
-func (w *Wheel) awaitExcused(k int, done chan struct{}) {
-	for {
-		w.stopMu.Lock()
-		excused := len(w.frames[k]) == 0 && w.excused[k]
-		changed := w.stopChanged
-		w.stopMu.Unlock()
-		if excused {
-			return
-		}
-		select {
-		case <-done:
 			return
 		case <-changed:
 		}

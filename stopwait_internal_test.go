@@ -39,22 +39,22 @@ func TestStopWaitQuietRule(t *testing.T) {
 	require.False(t, quiet(0), "a callback outside any Stop")
 	// It calls Stop: quiet; the Stop returns: the rest of its callback and batch are excused, for
 	// any waiter (review 50), until the worker is back in its loop.
-	w.markStop(0, false, 1, false)
+	w.enterStop(0, false)
 	require.True(t, quiet(0), "a Stop on top")
-	w.markStop(0, false, -1, true)
+	w.leaveStop(0, false, true)
 	require.True(t, quiet(0), "the rest of a callback whose Stop returned")
 	w.batchOver(0)
 	require.False(t, quiet(0), "what the worker takes from the queue once back in its loop")
 
 	// Its next Stop drains a chunk: not quiet while the chunk's callbacks run, in no Stop.
-	w.markStop(0, false, 1, false)
+	w.enterStop(0, false)
 	w.pushDrain(0)
 	require.False(t, quiet(0), "a drained chunk")
 	// A callback of it calls Stop: quiet while it is in it; once that Stop returned, the rest of
 	// the chunk is excused (review 47).
-	w.markStop(0, false, 1, false)
+	w.enterStop(0, false)
 	require.True(t, quiet(0), "a Stop on top of a drained chunk")
-	w.markStop(0, false, -1, true)
+	w.leaveStop(0, false, true)
 	require.True(t, quiet(0), "the rest of a chunk whose callback's Stop returned")
 	w.popDrain(0)
 	require.True(t, quiet(0), "the chunk ran: the Stop that drained it is on top")
@@ -62,11 +62,11 @@ func TestStopWaitQuietRule(t *testing.T) {
 	// callbacks that runtime.Goexit unwound.
 	w.pushDrain(0)
 	require.False(t, quiet(0), "the next drained chunk")
-	w.markStop(0, false, 1, false)
-	w.markStop(0, false, -1, false)
+	w.enterStop(0, false)
+	w.leaveStop(0, false, false)
 	require.False(t, quiet(0), "a drained chunk whose callback's Stop a Goexit unwound")
 	w.popDrain(0)
-	w.markStop(0, false, -1, false)
+	w.leaveStop(0, false, false)
 	require.False(t, quiet(0), "a Stop a Goexit unwound excuses nothing")
 	// A slot's frames are its own: worker 0's Stops say nothing of the advancer's slot.
 	require.False(t, quiet(1), "the advancer's slot, with no Stop on it")
