@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 )
 
@@ -73,9 +72,9 @@ func tally(pattern string, w io.Writer) error {
 			}
 		}
 		above := len(rs) - below - equal
-		slices.Sort(rs)
+		m := summarize(rs) // as every other figure of the report
 		fmt.Fprintf(w, "| %s/s %s | %d | %d | %d | %d | %.2g | %.2f (%.2f–%.2f) |\n", c.rate, c.q, len(rs),
-			below, equal, above, signTest(below, below+above), rs[len(rs)/2], rs[0], rs[len(rs)-1])
+			below, equal, above, signTest(below, below+above), m.Median, m.Min, m.Max)
 	}
 	return nil
 }
@@ -85,8 +84,8 @@ func tally(pattern string, w io.Writer) error {
 // medians' three significant digits make now and then).
 func signTest(k, n int) float64 {
 	p := 0.0
+	lg, _ := math.Lgamma(float64(n + 1))
 	for i := k; i <= n; i++ {
-		lg, _ := math.Lgamma(float64(n + 1))
 		a, _ := math.Lgamma(float64(i + 1))
 		b, _ := math.Lgamma(float64(n - i + 1))
 		p += math.Exp(lg - a - b - float64(n)*math.Ln2)
