@@ -130,7 +130,7 @@ func (w *Wheel) withDeadline(parent context.Context, t time.Time, d time.Duratio
 		c.state.Store(endDeadline | ctxFinished)
 		return c, c.cancel
 	}
-	timer, err := w.AfterFuncArg(d, expireDeadline, c)
+	timer, err := w.AfterFuncArg(d, expireDeadline, (*ctxTimer)(c))
 	if err != nil {
 		return context.WithDeadlineCause(parent, t, cause)
 	}
@@ -304,17 +304,14 @@ func (*keyProbe) Done() <-chan struct{}       { return closedChan }
 func (*keyProbe) Err() error                  { return context.Canceled }
 func (p *keyProbe) Value(key any) any         { p.key = key; return nil }
 
+// ctxTimer is a deadlineCtx as the argument of its own wheel timer: a second method set on the
+// same object (no allocation), so that Wheel.Stop tells a context's timer from a user's timer that
+// happens to carry a context of ours as its argument. Only a ctxTimer is told that its timer was
+// dropped (timerDropped).
+type ctxTimer deadlineCtx
+
 // expireDeadline is the timer callback of every deadlineCtx (one func value, no closures).
-func expireDeadline(arg any) { arg.(*deadlineCtx).end(endDeadline) }
-
-// expireDeadlinePC is expireDeadline's code pointer: func values do not compare, and Wheel.Stop
-// tells a context's timer from others by its callback (isExpireDeadline).
-var expireDeadlinePC = reflect.ValueOf(expireDeadline).Pointer()
-
-// isExpireDeadline reports whether f is expireDeadline.
-func isExpireDeadline(f func(any)) bool {
-	return f != nil && reflect.ValueOf(f).Pointer() == expireDeadlinePC
-}
+func expireDeadline(arg any) { (*deadlineCtx)(arg.(*ctxTimer)).end(endDeadline) }
 
 // timerDropped is told by Wheel.Stop (letGoDropped, under a shard's mu) that Stop moved the
 // context's wheel timer from pending to dropped: it will never fire, and the entry no longer
@@ -346,7 +343,8 @@ func isExpireDeadline(f func(any)) bool {
 // It runs at most once per context: a context has one wheel timer, dropped at most once.
 // It takes c.mu (ext) under the shard's mu: nothing holds c.mu while it arms, stops or drains a
 // wheel timer, so the order is never the other way round.
-func (c *deadlineCtx) timerDropped() {
+func (t *ctxTimer) timerDropped() {
+	c := (*deadlineCtx)(t)
 	if c.state.Load()&endMask != 0 { // 1.
 		return
 	}

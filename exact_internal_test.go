@@ -254,9 +254,9 @@ func holdReset(t *testing.T, tm Timer, d time.Duration) (finish func()) {
 	t.Helper()
 	e := tm.s.slab.at(tm.i)
 	when := tm.s.w.deadline(d)
-	w, ok := tm.claim(e)
+	w, ok := tm.hold(e)
 	require.True(t, ok, "timer not pending")
-	return func() { tm.release(e, w, when) }
+	return func() { tm.finishReset(e, w, when) }
 }
 
 // TestResetHeldAcrossAdvance: a Reset paused between its claim and its release while an Advance

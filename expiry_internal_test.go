@@ -200,7 +200,7 @@ func TestExpiryReleaseLaterLeavesWakeToTheKeeper(t *testing.T) {
 		released, goOn1 := make(chan struct{}), make(chan struct{})
 		sleeping, goOn2 := make(chan struct{}), make(chan struct{})
 		var phase atomic.Int32
-		testHookReleased = func(w *Wheel) {
+		testHookYielded = func(w *Wheel) {
 			if phase.CompareAndSwap(1, 2) {
 				w.nudgeIdle() // a stale token: W2 wakes and takes the free role
 				released <- struct{}{}
@@ -213,7 +213,7 @@ func TestExpiryReleaseLaterLeavesWakeToTheKeeper(t *testing.T) {
 				<-goOn2
 			}
 		}
-		defer func() { testHookReleased, testHookSleep = nil, nil }()
+		defer func() { testHookYielded, testHookSleep = nil, nil }()
 		w, err := New(WithWorkers(2), WithShards(2))
 		require.NoError(t, err)
 		defer w.Stop()

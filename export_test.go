@@ -42,7 +42,7 @@ var (
 // TestWheel drives one bare hierarchical wheel, as a shard does, with entries named by int ids.
 // Expiry fires an entry whose deadline is due and re-inserts the others, like shard.expire.
 type TestWheel struct {
-	w       wheel
+	w       timingWheel
 	sl      slab
 	entries map[int]uint32 // id -> slab index
 	Fired   []Firing
@@ -117,7 +117,7 @@ func (t *TestWheel) AdvanceBudget(now int64, budget int) bool {
 // expireBare is shard.expire without the state word, for wheels driven bare by tests: an entry
 // of a later tick cascades (unless it is due and system is set, as on the system clock), one
 // later in the tick in progress straggles, and fire gets the rest with their deadline.
-func expireBare(w *wheel, i uint32, e *entry, system bool, fire func(when int64)) {
+func expireBare(w *timingWheel, i uint32, e *entry, system bool, fire func(when int64)) {
 	when := e.when.Load()
 	if t := when / w.tick; t > w.elapsed && (when > w.now || !system) {
 		w.link(i, e, t, when)
@@ -181,10 +181,10 @@ func (w *Wheel) Verify() error {
 }
 
 // SlabCapacity returns how many entries the shards' slabs hold, free or in use.
-func (w *Wheel) SlabCapacity() int { return int(w.heldBytes() / chunkBytes * slabChunkLen) }
+func (w *Wheel) SlabCapacity() int { return int(w.heldBytes() / blockBytes * blockLen) }
 
 // ChunkBytes is what one chunk of entries holds.
-const ChunkBytes = chunkBytes
+const ChunkBytes = blockBytes
 
 // SetTrimDelays sets trimQuiet and trimLook and returns the func that restores them. Tests that
 // call it must not run in parallel, and must start their wheels after it.
@@ -226,7 +226,7 @@ func SetSlabCap(n uint64) (restore func()) {
 	return func() { slabCap = old }
 }
 
-const SlabChunkLen = slabChunkLen
+const SlabChunkLen = blockLen
 
 // Held is a command that a producer has claimed in its shard's ring and not yet published: the
 // producer is paused between the two steps (preemption, a GC scan, a CPU quota can do that).
@@ -245,7 +245,7 @@ type Held struct {
 // full (the tests keep rings roomy).
 func (w *Wheel) ArmHeld(d time.Duration, f func(any), arg any) *Held {
 	s := w.takeShard()
-	if s.limited && !s.reservePending() {
+	if s.limited && !s.takeCredit() {
 		panic("ArmHeld: WithMaxPending")
 	}
 	i, e, gen := s.slab.newEntry(false)
@@ -304,7 +304,7 @@ func (t Timer) StopHeld() (bool, *Held) {
 		return false, nil
 	}
 	t.s.stopped.Inc() // as Stop does after its CAS
-	t.s.releasePending(1)
+	t.s.returnCredit()
 	slot, pos, res := t.s.ring.claim()
 	if slot == nil {
 		panic(fmt.Sprintf("StopHeld: ring push result %d", res))
@@ -322,7 +322,7 @@ func (t Timer) StopQueuedHeld() (ok bool, finish func()) {
 		return false, nil
 	}
 	t.s.stopped.Inc()
-	t.s.releasePending(1)
+	t.s.returnCredit()
 	return true, func() { t.stopQueued(e, w) }
 }
 
@@ -338,11 +338,11 @@ func (t Timer) ResetHeld(d time.Duration) (ok bool, release func()) {
 	}
 	e := t.s.slab.at(t.i)
 	when := t.s.w.deadline(d)
-	w, ok := t.claim(e)
+	w, ok := t.hold(e)
 	if !ok {
 		return false, nil
 	}
-	return true, func() { t.release(e, w, when) }
+	return true, func() { t.finishReset(e, w, when) }
 }
 
 // ShardID names the shard the held command is in, comparable with Timer.ShardID.

@@ -3,6 +3,7 @@ package shardwheel
 import (
 	"runtime"
 	"strconv"
+	"sync"
 )
 
 // goid returns the current goroutine's id, parsed from the header of runtime.Stack
@@ -23,4 +24,32 @@ func goid() int64 {
 	}
 	id, _ := strconv.ParseInt(string(b[:i]), 10, 64)
 	return id
+}
+
+// goroutineSet is a set of goroutine ids that any goroutine may use.
+type goroutineSet struct {
+	mu  sync.Mutex // taken alone, never with another lock
+	ids map[int64]struct{}
+}
+
+func (s *goroutineSet) add(g int64) {
+	s.mu.Lock()
+	if s.ids == nil {
+		s.ids = map[int64]struct{}{}
+	}
+	s.ids[g] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *goroutineSet) remove(g int64) {
+	s.mu.Lock()
+	delete(s.ids, g)
+	s.mu.Unlock()
+}
+
+func (s *goroutineSet) has(g int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.ids[g]
+	return ok
 }

@@ -44,23 +44,23 @@ func creditBatch(maxPending, shards int) int64 {
 	return min(max(int64(maxPending)/int64(4*shards), 1), 256)
 }
 
-// reservePending takes one credit for a timer about to be scheduled on s; false if none is free.
+// takeCredit takes one credit for a timer about to be scheduled on s; false if none is free.
 // Only with WithMaxPending (s.limited): its caller, schedule, tests that first, inline.
 //
 // The fast path is one atomic add. A result below zero means the stock was empty: the add is
 // undone (so a stock may read negative for an instant; take treats that as empty) and the slow
 // path runs.
-func (s *shard) reservePending() bool {
+func (s *shard) takeCredit() bool {
 	if s.credit.Dec() >= 0 {
 		return true
 	}
 	s.credit.Inc()
-	return s.reserveSlow()
+	return s.takeCreditSlow()
 }
 
-// reserveSlow refills s's stock from the reserve, or from the other shards' stocks, keeping one
+// takeCreditSlow refills s's stock from the reserve, or from the other shards' stocks, keeping one
 // credit for the caller.
-func (s *shard) reserveSlow() bool {
+func (s *shard) takeCreditSlow() bool {
 	w := s.w
 	batch := w.creditBatch
 	if k := take(&w.credit, batch); k > 0 {
@@ -93,18 +93,18 @@ func take(c *atomic.Int64, n int64) int64 {
 	}
 }
 
-// releasePending gives back the credits of n timers of s that ended (fired, stopped, dropped).
-// Without WithMaxPending it does nothing, and is small enough to inline into Timer.Stop's path.
-func (s *shard) releasePending(n int64) {
+// returnCredit gives back the credit of a timer of s that ended (fired or stopped). Without
+// WithMaxPending it does nothing, and is small enough to inline into Timer.Stop's path.
+func (s *shard) returnCredit() {
 	if s.limited {
-		s.releaseCredits(n)
+		s.returnCredits(1)
 	}
 }
 
-// releaseCredits is releasePending with WithMaxPending set. A stock grown past two batches
+// returnCredits gives back n credits to s's stock, with WithMaxPending set. A stock grown past two batches
 // returns the surplus to the reserve, so that credits freed on one shard serve producers on the
 // others.
-func (s *shard) releaseCredits(n int64) {
+func (s *shard) returnCredits(n int64) {
 	w := s.w
 	if v := s.credit.Add(n); v > 2*w.creditBatch {
 		if k := take(&s.credit, v-w.creditBatch); k > 0 {
@@ -113,9 +113,9 @@ func (s *shard) releaseCredits(n int64) {
 	}
 }
 
-// releasePending gives back the credits of n timers that ended without a shard at hand (those
+// returnToReserve gives back the credits of n timers that ended without a shard at hand (those
 // Wheel.Stop dropped): to the reserve.
-func (w *Wheel) releasePending(n int64) {
+func (w *Wheel) returnToReserve(n int64) {
 	if w.opts.maxPending != 0 {
 		w.credit.Add(n)
 	}

@@ -20,18 +20,18 @@ import (
 func freeStackAudit(t *testing.T, w *Wheel) {
 	t.Helper()
 	for k, s := range w.shards {
-		p := s.slab.chunks.Load()
+		p := s.slab.blocks.Load()
 		if p == nil {
 			continue
 		}
 		live := 0
 		for _, c := range *p {
-			if c != &deadChunk {
+			if c != &deadBlock {
 				live++
 			}
 		}
-		want := live*slabChunkLen - 1
-		if (*p)[0] == &deadChunk {
+		want := live*blockLen - 1
+		if (*p)[0] == &deadBlock {
 			want++
 		}
 		seen := map[uint32]bool{}

@@ -18,7 +18,7 @@ import (
 // that comes due no later than its deadline's tick (or than elapsed, for a deadline already
 // behind it). verify checks level 0's bound only; this checks every level, the overflow, the
 // cascade in progress and the soon buckets (eachLinked).
-func strongBare(w *wheel) error {
+func strongBare(w *timingWheel) error {
 	return eachLinked(w, func(where string, startTick int64, _ uint32, e *entry) error {
 		if when := e.when.Load(); startTick > max(when/w.tick, w.elapsed) {
 			return fmt.Errorf("%s: entry due %d (tick %d) in a bucket starting at %d (elapsed %d)",
@@ -141,7 +141,7 @@ func TestReview21BareSystemBigJumps(t *testing.T) {
 }
 
 // sysShard returns a one-shard wheel on the system clock whose shard the test holds claimed
-// (claimAdvancing): the keeper never collects it, so the test drives shard.expire's system
+// (ownerAdvancing): the keeper never collects it, so the test drives shard.expire's system
 // branch by hand with readings of its choice (ahead of the true clock: deadlines are an hour
 // out, so the wheel's own time never reaches them). drive is one advanceLocked step under mu;
 // run runs what it fired as a worker would. The cleanup frees the claim and stops the wheel.
@@ -150,7 +150,7 @@ func sysShard(t *testing.T) (w *Wheel, s *shard, drive func(now int64, budget in
 	w, err := New(WithShards(1), WithWorkers(1), WithTick(time.Millisecond))
 	require.NoError(t, err)
 	s = w.shards[0]
-	for !s.claim.CompareAndSwap(claimFree, claimAdvancing) {
+	for !s.owner.CompareAndSwap(ownerNone, ownerAdvancing) {
 		time.Sleep(time.Millisecond)
 	}
 	var batch []ref
@@ -168,13 +168,13 @@ func sysShard(t *testing.T) (w *Wheel, s *shard, drive func(now int64, budget in
 	}
 	run = func() int {
 		n := len(batch)
-		w.runRefs(batch, &w.pool.ws[len(w.pool.done)], false)
+		w.runBatch(batch, &w.pool.slots[len(w.pool.done)])
 		clear(batch)
 		batch = batch[:0]
 		return n
 	}
 	t.Cleanup(func() {
-		s.claim.Store(claimFree)
+		s.owner.Store(ownerNone)
 		w.publishGroup(s)
 		w.Stop()
 	})

@@ -23,7 +23,7 @@ import (
 // cascBare is strongBare for the cascade in progress: every entry of casc has a tick at or after
 // casc.start (a lowered deadline leaves casc by unlink and insert; a raised one only goes later),
 // casc.start is at or before elapsed, and a wheel with a cascade in progress is due now.
-func cascBare(w *wheel) error {
+func cascBare(w *timingWheel) error {
 	if w.casc.empty() {
 		return nil
 	}
@@ -97,7 +97,7 @@ func TestReview22CascRandom(t *testing.T) {
 						cascSeen++
 					}
 					if full || rng.IntN(8) == 0 {
-						for _, chk := range []func(*wheel) error{(*wheel).verify, strongBare, cascBare} {
+						for _, chk := range []func(*timingWheel) error{(*timingWheel).verify, strongBare, cascBare} {
 							if err := chk(&h.w); err != nil {
 								fail(err)
 							}

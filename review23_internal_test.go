@@ -21,7 +21,7 @@ import (
 // progress: every non-empty bucket of a level below casc's lies in casc's span, and every other
 // one starts after it. (That nothing is linked into a put-back bucket is checked by the caller,
 // by the ids in it: putBackIDs.)
-func putBackBare(w *wheel) error {
+func putBackBare(w *timingWheel) error {
 	if w.casc.empty() {
 		return nil
 	}
@@ -157,7 +157,7 @@ func TestReview23PutBackRandom(t *testing.T) {
 					seenCasc++
 				}
 				if full || rng.IntN(6) == 0 {
-					for _, chk := range []func(*wheel) error{(*wheel).verify, strongBare, cascBare, putBackBare} {
+					for _, chk := range []func(*timingWheel) error{(*timingWheel).verify, strongBare, cascBare, putBackBare} {
 						if err := chk(&h.w); err != nil {
 							fail(err)
 						}

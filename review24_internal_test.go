@@ -59,7 +59,7 @@ func TestReview24OverdueGapCovered(t *testing.T) {
 				done atomic.Bool
 			)
 			start := time.Now()
-			testHookReleased = func(w *Wheel) {
+			testHookYielded = func(w *Wheel) {
 				if time.Since(start) >= time.Second && done.CompareAndSwap(false, true) {
 					// P read the watchdog's moment passed and won the CAS; it is paused
 					// before its signal. releaseLater goes on and arms its watchdog.
@@ -69,7 +69,7 @@ func TestReview24OverdueGapCovered(t *testing.T) {
 					}
 				}
 			}
-			defer func() { testHookReleased = nil }()
+			defer func() { testHookYielded = nil }()
 			var err error
 			w, err = New(WithWorkers(2), WithShards(2), WithTick(time.Millisecond))
 			require.NoError(t, err)

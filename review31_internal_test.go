@@ -44,7 +44,7 @@ func r31Balance(t *testing.T, w *Wheel) Stats {
 // next run ... is taken back"). It takes back the next run's count in Scheduled, so Stats and
 // Len say nothing is pending, but not the WithMaxPending credit that the series held since
 // Every accepted it: endRun (every.go:106-116) calls dropFrom and s.scheduled.Dec but no
-// s.releasePending(1). The credit is lost for the life of the wheel: with WithMaxPending(1) the
+// s.returnCredit(). The credit is lost for the life of the wheel: with WithMaxPending(1) the
 // wheel now refuses every timer while Len() == 0, against pending.go's "once the wheel is quiet,
 // maxPending timers are always accepted" and API.md's "Past WithMaxPending: ErrTooManyTimers"
 // (nothing is past it).
@@ -469,7 +469,7 @@ func TestReview31PinHeldBytesBackAfterTrim(t *testing.T) {
 		ts = append(ts, tm)
 	}
 	held := w.Stats().HeldBytes
-	require.Equal(t, int64(3)*chunkBytes, held, "3000 entries take three chunks (index 0 unused)")
+	require.Equal(t, int64(3)*blockBytes, held, "3000 entries take three chunks (index 0 unused)")
 	for _, tm := range ts[:1500] {
 		tm.Stop()
 	}

@@ -172,10 +172,10 @@ func TestReview34PinLatenessStrideBound(t *testing.T) {
 	s.mu.Unlock()
 	require.Len(t, refs, n)
 
-	other := w.pool.other() // used by no goroutine on the system clock (dispatch is manual's)
+	other := w.pool.advancerSlot() // used by no goroutine on the system clock (dispatch is manual's)
 	other.stride = lateStride
 	base := w.Stats().Lateness
-	w.runRefs(refs, other, false)
+	w.runBatch(refs, other)
 	late := w.Stats().Lateness
 	var slow uint64 // callbacks counted at least 16.384 ms late (buckets 15 and up)
 	for i := 15; i < len(late.Buckets); i++ {

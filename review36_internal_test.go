@@ -103,7 +103,7 @@ func TestReview36PinWatchdogDisarmedWhenStopWaitsForCallback(t *testing.T) {
 }
 
 // TestReview36PinStopWhileReleasingKeeper: the keeper, having claimed one due shard, is paused in
-// releaseLater with the role free and before its read of the groups (testHookReleased), and a
+// releaseLater with the role free and before its read of the groups (testHookYielded), and a
 // Wheel.Stop runs all the way to waiting for the workers meanwhile. The keeper then goes on: it
 // arms its watchdog, advances nothing (closed), and leaves through hurry. The due timer, pending
 // when Stop dropped the shard, is counted in what Stop returns and never runs; no nudge or
@@ -114,7 +114,7 @@ func TestReview36PinStopWhileReleasingKeeper(t *testing.T) {
 		var paused atomic.Bool
 		stopped := make(chan int, 1)
 		var w *Wheel
-		testHookReleased = func(w *Wheel) {
+		testHookYielded = func(w *Wheel) {
 			if !paused.CompareAndSwap(false, true) {
 				return
 			}
@@ -123,7 +123,7 @@ func TestReview36PinStopWhileReleasingKeeper(t *testing.T) {
 				runtime.Gosched()
 			}
 		}
-		defer func() { testHookReleased = nil }()
+		defer func() { testHookYielded = nil }()
 		var err error
 		w, err = New(WithWorkers(2), WithShards(2), WithTick(10*time.Millisecond))
 		require.NoError(t, err)

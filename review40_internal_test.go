@@ -157,7 +157,7 @@ func TestReview40PinStaleResetCommandOnRegrownChunk(t *testing.T) {
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
 	require.Zero(t, w.Len())
-	require.Equal(t, chunkBytes, w.TrimNow(), "the only chunk, all free, is given back")
+	require.Equal(t, blockBytes, w.TrimNow(), "the only chunk, all free, is given back")
 	i1, g1 := old1.Slot()
 	i2, g2 := old2.Slot()
 	require.Equal(t, g1, g2)

@@ -23,7 +23,7 @@ const mallocHeaderSize = 8
 
 // shard is one slice of the Wheel: a ring that carries commands in, a hierarchical wheel with its
 // bucket heap, the slab its entries live in, and the entries linked into the wheel. A producer
-// picks a shard once per AfterFunc (Wheel.takeShard) and the Timer remembers it, so Stop and
+// picks a shard once per AfterFunc (takeShard, pick.go) and the Timer remembers it, so Stop and
 // Reset go straight back to it.
 //
 // Its lines in memory (the first one begins with the allocator's header, see mallocHeaderSize):
@@ -44,7 +44,7 @@ const mallocHeaderSize = 8
 //     popping the command.
 type shard struct {
 	w        *Wheel               // immutable
-	g        *group               // immutable: the group whose summary covers this shard (expiry.go)
+	g        *group               // immutable: the group whose summary covers this shard (wake.go)
 	expireFn func(uint32, *entry) // s.expire, made once so that advance allocates nothing; immutable
 	// ring: its read-only mask and slots end line 0; its tail starts line 1 (pinned by a test).
 	ring      ring
@@ -53,7 +53,7 @@ type shard struct {
 	credit    atomic.Int64  // WithMaxPending: this shard's stock of free credits (pending.go)
 	// limited says whether WithMaxPending is set; immutable. It sits here, not with the
 	// read-only fields (line 0 is full), because Stop writes stopped on this line anyway: its
-	// releasePending then reads no other line.
+	// returnCredit then reads no other line.
 	limited bool
 	_       [2*cacheLineSize - mallocHeaderSize - unsafe.Sizeof(shardLine0{}) - unsafe.Sizeof(shardLine1{})]byte
 
@@ -68,26 +68,26 @@ type shard struct {
 	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 8]byte
 
 	mu    sync.Mutex
-	head  uint64    // the ring's consumer position; owned by the holder of mu
-	tw    wheel     // owned by the holder of mu
-	freed freeBatch // entries freed by the current drain; owned by the holder of mu
-	fired []ref     // entries the current advance step fired; owned by the holder of mu
+	head  uint64      // the ring's consumer position; owned by the holder of mu
+	tw    timingWheel // owned by the holder of mu
+	freed freeBatch   // entries freed by the current drain; owned by the holder of mu
+	fired []ref       // entries the current advance step fired; owned by the holder of mu
 
-	// claim says who advances the shard on the system clock (expiry.go), which lets go of mu
-	// between steps: claimFree (nobody), claimAdvancing (one goroutine advances it; nobody else
-	// may), claimRunning (its advancer is running the callbacks of a step, or of another shard
-	// claimed with it, and means to come back; the keeper may take it over). Only CASes move
-	// it from free or running to advancing; only the goroutine that holds it advancing moves
-	// it on, and whoever moves it off advancing publishes s.next into the group next
-	// (publishGroup): the keeper's group summary leaves claimed shards out, so that publish is
-	// what brings the shard back into view.
-	claim atomic.Int32
+	// owner says who advances the shard on the system clock (advance.go), which lets go of mu
+	// between steps: ownerNone (nobody), ownerAdvancing (one goroutine advances it; nobody else
+	// may), ownerRunning (its advancer is running the callbacks of a step, or of another shard
+	// taken with it, and means to come back; a keeper may take it over). Only CASes move it from
+	// none or running to advancing; only the goroutine that holds it advancing moves it on, and
+	// whoever moves it off advancing publishes s.next into the group's next (publishGroup): the
+	// keeper's group summary leaves owned shards out, so that publish is what brings the shard
+	// back into view.
+	owner atomic.Int32
 
 	// Shards are allocated one by one; this keeps the owner's fields above off the cache line
 	// of whatever the allocator puts next, which may be another shard's read-only line; its
 	// size also rounds the shard (with the allocator's header) up to whole lines (TestLayout
 	// fails, naming the remainder, when a field change moves that): two lines, and the 8 bytes
-	// that round up again since the cascade in progress (wheel.casc) grew the wheel by 56.
+	// that round up again since the cascade in progress (timingWheel.casc) grew the wheel by 56.
 	_ [2*cacheLineSize + 8]byte
 }
 
@@ -106,23 +106,29 @@ type (
 	}
 )
 
+// Values of shard.owner.
+const (
+	ownerNone int32 = iota
+	ownerAdvancing
+	ownerRunning
+)
+
 func (s *shard) init(w *Wheel, ringSize int) {
 	s.w = w
 	s.limited = w.opts.maxPending != 0
 	s.ring.init(ringSize)
 	s.next.Store(never)
 	s.tw.init(w.nanos()/w.tick, w.ticks, &s.slab)
-	s.tw.interleave = w.manual == nil // a due lower bucket goes before a cascade's rest (wheel.casc)
-	s.slab.onGrow = w.noteGrow
+	s.tw.interleave = w.manual == nil // a due lower bucket goes before a cascade's rest (timingWheel.casc)
 	s.expireFn = s.expire
 }
 
 // send delivers a command to the shard; any goroutine may call it. It reports false only when
 // the ring was closed by Wheel.Stop; contended reports that another producer raced it for the
 // ring's tail, a sign that two Ps share this shard. When the ring is full the caller becomes the
-// consumer for a moment: it takes mu and drains the ring into the wheel, then tries again. It never spins: it
-// either sleeps on mu, drains something, or yields to the one producer whose command blocks the
-// head of the ring (claimed, not yet published).
+// consumer for a moment: it takes mu and drains the ring into the wheel, then tries again. It
+// never spins: it either sleeps on mu, drains something, or yields to the one producer whose
+// command blocks the head of the ring (claimed, not yet published).
 func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 	cmd := gen<<opBits | op
 	for {
@@ -157,61 +163,6 @@ func (s *shard) send(i uint32, gen uint64, op uint64) (ok, contended bool) {
 // published it. Instant 0 is due at any time, so the next advance drains the ring and publishes the
 // true next deadline; with a manual clock, that is the next Advance.
 func (s *shard) kick() { s.noteDeadline(0) }
-
-// noteDeadline lowers s.next to when (ns), then the group's next, and wakes the keeper if when is
-// earlier than the moment it sleeps until. Called by a producer after its command is published
-// (after send), by a drain outside an advance (with the wheel's next due bucket,
-// drainNoteLocked), and by kick.
-//
-// Why no wake-up is lost (the keeper's side is Wheel.keep and collect, expiry.go):
-//  1. s.next before g.next: the keeper, when it recomputes a group, first stores never in
-//     g.next and then reads each s.next. A producer whose s.next store that read missed makes
-//     its CAS on g.next after the keeper's store, so the lower value stays in g.next.
-//  2. If s.next was already at or below when, so is g.next; or the producer that lowered s.next
-//     is about to lower g.next too; or the shard is being advanced or its group recomputed, and
-//     both of those publish s.next into g.next when they finish.
-//  3. g.next before target: the keeper stores the target it will sleep until and then reads
-//     every g.next once more. If this producer read an older target, its CAS on g.next came
-//     before that second read, which sees it; otherwise it reads the final target and signals
-//     if it is earlier. While nobody keeps time the target is awake and nobody is signalled:
-//     the next keeper reads every g.next before it sleeps. While a keeper is awake the target is
-//     awake too; if it goes on to releaseLater, that stores the watchdog's moment in target and
-//     then, with the role free, reads every g.next once more, so a producer that read awake in
-//     between, or read the watchdog's moment but saw the role still held, is seen there; one
-//     that saw the role free signals, and signal nudges an idle worker. Target is also awake
-//     once a producer found it passed (Wheel.overdue): that producer has signalled, or is about
-//     to, and until it does the keeper's timer or the watchdog is still armed.
-//
-// The common case, a deadline no earlier than the shard's next, is the first load of lowerTo,
-// done here so that it inlines into every arm; lowerDeadline is the rest.
-func (s *shard) noteDeadline(when int64) {
-	if when < s.next.Load() {
-		s.lowerDeadline(when)
-	}
-}
-
-// lowerDeadline is noteDeadline past its first load: when may be below s.next.
-func (s *shard) lowerDeadline(when int64) {
-	if !lowerTo(&s.next, when) || !lowerTo(&s.g.next, when) {
-		return
-	}
-	if when < s.w.target.Load() {
-		s.w.signal()
-	}
-}
-
-// lowerTo lowers v to when if it is above and reports whether it did.
-func lowerTo(v *atomic.Int64, when int64) bool {
-	for {
-		n := v.Load()
-		if when >= n {
-			return false
-		}
-		if v.CompareAndSwap(n, when) {
-			return true
-		}
-	}
-}
 
 // drainLocked applies every published command in the ring to the wheel and reports whether it
 // took any. The caller holds s.mu. The entries that cancels free go back to the slab together.
@@ -254,7 +205,7 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 		s.takeAddLocked(i, e, gen)
 	case opCancel:
 		// Sent once, by the Stop that moved the entry from pending to stopped after its add
-		// was taken (timer.go); only this command frees such an entry, so it is still ours.
+		// was taken (Timer.Stop); only this command frees such an entry, so it is still ours.
 		if e.linked() {
 			s.tw.unlink(e)
 		}
@@ -264,7 +215,7 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 		// fired, or is between the runs of an Every (not linked; its add follows). Not for a
 		// parked entry, even if this is its gen: that is an earlier Reset's command, and the
 		// entry stays in the held bucket until the Reset that parked it sends its own (moved
-		// now, it could be taken while still parked, and expire would drop it: found by review).
+		// now, it could be taken while still parked, and expire would drop it).
 		if w := e.state.Load(); isGen(w, gen) && (isState(w, stPending) || isState(w, stResetting)) && e.linked() {
 			s.tw.unlink(e)
 			s.tw.insert(i, e, e.when.Load())
@@ -273,7 +224,7 @@ func (s *shard) applyLocked(i uint32, cmd uint64) {
 }
 
 // takeAddLocked carries out the add of entry i, armed with gen: it clears the entry's queued
-// bit (timer.go) with a CAS, so that a Stop either came first, and finds it here, or comes after,
+// bit (entry.go) with a CAS, so that a Stop either came first, and finds it here, or comes after,
 // and sends a cancel. Then, by the state it cleared the bit from:
 //   - pending, or held by a Reset (resetting): link it, at either deadline, both safe (a Reset to
 //     an earlier one sends a reset command, which follows this one and moves the entry; a later
@@ -306,14 +257,14 @@ func (s *shard) takeAddLocked(i uint32, e *entry, gen uint64) {
 	}
 }
 
-// expire is called by wheel.advance for each entry of a bucket that came due, with
+// expire is called by timingWheel.advance for each entry of a bucket that came due, with
 // s.tw.elapsed set to that bucket's start and s.tw.now to the advance's reading. The caller holds
 // s.mu, and is the shard's advancer; what fires goes to s.fired, which the advancer empties after
 // each step.
 //
 // It reads the state word, then the deadline, then CASes the word it read: if a Reset stored a
 // later deadline in between, that Reset also bumped the version, the CAS fails and the loop
-// re-reads the new deadline (timer.go). So an entry fires only on a deadline that is due: one in
+// re-reads the new deadline (entry.go). So an entry fires only on a deadline that is due: one in
 // a later tick goes one level down (or further, after a Reset), one later in the tick in
 // progress waits in a soon bucket for its moment (straggle).
 func (s *shard) expire(i uint32, e *entry) {
@@ -321,7 +272,7 @@ func (s *shard) expire(i uint32, e *entry) {
 		w := e.state.Load()
 		if isHeld(w) {
 			// A Reset holds the entry, and its new deadline may be anywhere (even before this
-			// advance's reading, or within this tick). Park it (timer.go): no advance visits it
+			// advance's reading, or within this tick). Park it (entry.go): no advance visits it
 			// again, so a stalled Reset costs nothing, and the Reset, finding it parked, sends
 			// the command that moves it to its deadline. Not linked at some later tick: a
 			// Reset to a later deadline would send no command and find it there, late. (An
@@ -344,7 +295,7 @@ func (s *shard) expire(i uint32, e *entry) {
 		// Due, in this bucket's tick or (system clock) a later one: fire. An entry of a later
 		// tick is due here when the advance's reading has passed the start of the bucket being
 		// taken by more than a tick: a step of a cascade taken after its entries' deadline came
-		// (advanceShard reads the clock at each step). On the system clock nothing orders
+		// (driveShard reads the clock at each step). On the system clock nothing orders
 		// callbacks by deadline, so it fires now rather than after the rest of the cascade.
 		// ManualClock.Advance promises deadline order, so there it goes down a level and
 		// fires with its tick.
@@ -363,7 +314,7 @@ func (s *shard) expire(i uint32, e *entry) {
 			// takes no Reset, so when is now final: the same, it is the deadline judged due
 			// above; another, put the word back (nobody saw it firing but a Stop, below) and
 			// look again. A Stop that moved it to letting go meanwhile reported true; the
-			// worker frees it, as any entry a Stop let go of (review 40).
+			// worker frees it, as any entry a Stop let go of.
 			if e.when.Load() != when && e.state.CompareAndSwap(withState(w, stFiring), w) {
 				continue
 			}
@@ -377,10 +328,10 @@ func (s *shard) expire(i uint32, e *entry) {
 // and the CAS that fires the entry.
 var testHookExpiring func(e *entry)
 
-// advanceLocked drains the ring and fires what is due at the reading now (ns) into s.fired, visiting at
-// most about budget entries (0: no bound). When it reaches now it publishes the shard's next
+// advanceLocked drains the ring and fires what is due at the reading now (ns) into s.fired,
+// visiting at most about budget entries (0: no bound). When it reaches now it publishes the shard's next
 // deadline and reports true; otherwise s.next stays at or below now and the caller, which keeps
-// the shard (claimed, or under advMu), calls again after it let go of mu. The caller holds s.mu.
+// the shard (owned, or under advMu), calls again after it let go of mu. The caller holds s.mu.
 func (s *shard) advanceLocked(now int64, budget int) bool {
 	s.drainLocked()
 	if !s.tw.advance(now, s.expireFn, budget) {
@@ -408,14 +359,13 @@ func (s *shard) publishNextLocked() {
 	}
 }
 
-// dropLocked moves every pending timer of the shard, in the ring or the wheel, to dropped and
-// returns how many it moved. The ring must be closed. Called by Wheel.Stop only.
+// dropLocked closes the ring and moves every pending timer of the shard, in the ring or the wheel,
+// to dropped, and returns how many it moved. Called by Wheel.Stop only; the caller holds s.mu.
 //
-// The count includes the timers of live deadline contexts: their callback (expireDeadline) will
-// never run, and the context itself goes on to end at its deadline on a runtime timer instead
-// (deadlineCtx.timerDropped), as the standard library's context it falls back to after Stop
-// would. So Stop's result and Stats.Dropped keep Scheduled == Fired + Stopped + Dropped +
-// Pending, and Lateness.Count() == Fired: that end is not a callback of the wheel.
+// The count includes the timers of live deadline contexts: their callback will never run, and
+// the context goes on to end at its deadline on a runtime timer instead (letGoDropped), as the
+// standard library's context would. That end is not a callback of the wheel, so Stats keeps
+// Scheduled == Fired + Stopped + Dropped + Pending, and Lateness.Count() == Fired.
 func (s *shard) dropLocked() int {
 	end := s.ring.close()
 	for s.head < end {
@@ -431,56 +381,4 @@ func (s *shard) dropLocked() int {
 		}
 	})
 	return n
-}
-
-// letGoDropped lets go of the callback and argument of e, which the caller has just moved from
-// pending to dropped, so that the stopped wheel (which lives on as long as anyone holds the
-// *Wheel) keeps nothing they refer to: a context cancelled after Stop, say, with its parents and
-// values. The caller is the one goroutine whose dropFrom succeeded on e: dropLocked, under
-// s.mu, or an Every's endRun, whose re-arm found the ring closed (the entry is in no ring and no
-// bucket, so no drain reaches it; every.go).
-//
-// Why nobody else reads or writes f and arg of this arming from here on, whatever goroutine is
-// paused where:
-//   - The producer wrote them before it published the add, which this drain took (the ring
-//     orders them); an Every's worker re-arms without writing them.
-//   - A worker reads them only for an entry the shard moved to firing, and a periodic one only
-//     while it holds the entry running; pending excludes both, and the drop CAS excludes any later
-//     move: dropped is final (Stop, Reset, expire and the worker all leave a dropped word alone),
-//     and nobody frees a dropped entry, so no later owner writes them either.
-//   - Timer.Stop clears them only after its own CAS from pending (or in stopping, which dropFrom
-//     does not take): exactly one of that CAS and the drop's succeeds. A Stop or Reset that comes
-//     later finds the word dropped and reports false without touching them (a Keyed's Move, Set
-//     or Remove after Stop is such a call).
-//
-// The timer of a deadline context is recognised by both its callback and its argument (a
-// caller may pass a context of ours as the argument of a func of its own): the context is told
-// after the entry is cleared, and takes over its own deadline (timerDropped).
-func letGoDropped(e *entry) {
-	c, ok := e.arg.(*deadlineCtx)
-	ctx := ok && isExpireDeadline(e.f)
-	clearEntry(e)
-	if ctx {
-		c.timerDropped()
-	}
-}
-
-// dropFrom moves e from state from (pending, or running for an Every whose series ends) to
-// dropped and reports whether it did; false if a Stop moved it first. It yields while a Reset
-// holds the entry (two stores), so a timer being reset is dropped, never skipped. The caller
-// counts what it dropped (Wheel.noteDropped).
-func dropFrom(e *entry, from uint64) bool {
-	for {
-		w := e.state.Load()
-		switch stateOf(w) {
-		case stResetting, stParked:
-			runtime.Gosched()
-		case from:
-			if e.state.CompareAndSwap(w, withState(w, stDropped)) {
-				return true
-			}
-		default:
-			return false
-		}
-	}
 }

@@ -53,12 +53,12 @@ func TestStopFiringPausedWorkerPasses(t *testing.T) {
 	// Stop's first step (its CAS and its counts), then the pause.
 	require.True(t, e.state.CompareAndSwap(word, withState(word, stLetGo)))
 	s.stopped.Inc()
-	s.releasePending(1)
+	s.returnCredit()
 
 	// The worker comes to the entry meanwhile: it passes, without starting the callback.
 	var fb freeBatch
 	lc := lateClock{w: w}
-	w.runEntry(refs[0], w.pool.other(), &lc, &fb)
+	w.runEntry(refs[0], w.pool.advancerSlot(), &lc, &fb)
 	fb.flush()
 	require.False(t, ran, "a stopped timer's callback started")
 	require.True(t, isState(e.state.Load(), stPassed), "the worker left the entry to the Stop")

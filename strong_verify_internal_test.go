@@ -85,7 +85,7 @@ func strongVerifyLocked(s *shard) error {
 // eachLinked calls fn for each entry linked in w's levels, its cascade in progress and its
 // soon buckets (not the held one), with where it is and the tick its bucket starts at (a soon
 // bucket's: elapsed), until fn returns an error, which it returns.
-func eachLinked(w *wheel, fn func(where string, startTick int64, i uint32, e *entry) error) error {
+func eachLinked(w *timingWheel, fn func(where string, startTick int64, i uint32, e *entry) error) error {
 	walk := func(b *bucket, where string, startTick int64) error {
 		for _, h := range b.lanes {
 			for i := h; i != 0; {

@@ -19,7 +19,7 @@ func TestTrimLookRightAfterGrow(t *testing.T) {
 	require.NoError(t, err)
 	defer w.Stop()
 	s := w.shards[0]
-	for range slabChunkLen - 1 { // entry 0 of the first chunk stays unused: the chunk is full
+	for range blockLen - 1 { // entry 0 of the first chunk stays unused: the chunk is full
 		_, err := w.AfterFunc(time.Hour, func() {})
 		require.NoError(t, err)
 	}

@@ -3,7 +3,6 @@ package shardwheel
 import (
 	"errors"
 	"fmt"
-	"math"
 	"math/bits"
 )
 
@@ -65,10 +64,6 @@ const (
 	laneBits  = 3
 	laneCount = 1 << laneBits
 	laneMask  = laneCount - 1
-
-	// grainsPerTick is how finely a wake inside a tick is placed on the system clock: a wake for
-	// a deadline is rounded up to tick/grainsPerTick (ticks.grain).
-	grainsPerTick = 16
 )
 
 // levelFor returns the level at which an entry due at tick when belongs, seen from tick elapsed
@@ -130,8 +125,8 @@ func laneOf(r uint32) (lv, sl int, ln uint8) {
 	return b / numSlots, b % numSlots, uint8(r & laneMask)
 }
 
-// wheel is the hierarchical timing wheel of one shard. Owned by the holder of shard.mu.
-type wheel struct {
+// timingWheel is the hierarchical timing wheel of one shard. Owned by the holder of shard.mu.
+type timingWheel struct {
 	now      int64                           // the reading (ns) the running advance goes to (only meaningful during advance)
 	elapsed  int64                           // ticks processed; never decreases
 	count    int                             // entries linked, soon and held buckets included
@@ -172,12 +167,12 @@ type wheel struct {
 }
 
 // init sets up an empty wheel at tick elapsed.
-func (w *wheel) init(elapsed int64, k ticks, sl *slab) {
+func (w *timingWheel) init(elapsed int64, k ticks, sl *slab) {
 	w.elapsed, w.ticks, w.slab = elapsed, k, sl
 }
 
 // bucketAt returns the bucket a laneRef's level and slot name.
-func (w *wheel) bucketAt(lv, sl int) *bucket {
+func (w *timingWheel) bucketAt(lv, sl int) *bucket {
 	switch lv {
 	case soonLv:
 		return &w.soon[sl]
@@ -193,11 +188,11 @@ func (w *wheel) bucketAt(lv, sl int) *bucket {
 // of the tick in progress at when. A deadline in a tick before elapsed (a timer that was due
 // while its command waited in the ring) goes to the bucket of elapsed itself, which the next
 // advance takes first.
-func (w *wheel) insert(i uint32, e *entry, when int64) { w.link(i, e, when/w.tick, when) }
+func (w *timingWheel) insert(i uint32, e *entry, when int64) { w.link(i, e, when/w.tick, when) }
 
 // link is insert at tick t, with when the entry's deadline (or any earlier moment in t: the
 // bucket's bound, min0, is lowered to it).
-func (w *wheel) link(i uint32, e *entry, t, when int64) {
+func (w *timingWheel) link(i uint32, e *entry, t, when int64) {
 	if t < w.elapsed {
 		t = w.elapsed
 	}
@@ -227,7 +222,7 @@ func (w *wheel) link(i uint32, e *entry, t, when int64) {
 
 // push links e, with index i, as the first entry of the next lane of bucket b, which is bucket
 // (lv, sl).
-func (w *wheel) push(b *bucket, lv, sl int, i uint32, e *entry) {
+func (w *timingWheel) push(b *bucket, lv, sl int, i uint32, e *entry) {
 	ln := w.lane
 	w.lane = (ln + 1) & laneMask
 	head := b.lanes[ln]
@@ -242,7 +237,7 @@ func (w *wheel) push(b *bucket, lv, sl int, i uint32, e *entry) {
 
 // straggle links e, an entry of the tick in progress whose deadline when (ns) is after the
 // running advance's reading, into the soon bucket that stragglers go into.
-func (w *wheel) straggle(i uint32, e *entry, when int64) {
+func (w *timingWheel) straggle(i uint32, e *entry, when int64) {
 	f := w.soonFill
 	b := &w.soon[f]
 	if b.empty() || when < w.soonMin[f] {
@@ -252,11 +247,11 @@ func (w *wheel) straggle(i uint32, e *entry, when int64) {
 }
 
 // park links e, with index i, an entry that a Reset holds, into the held bucket.
-func (w *wheel) park(i uint32, e *entry) { w.push(&w.held, heldLv, 0, i, e) }
+func (w *timingWheel) park(i uint32, e *entry) { w.push(&w.held, heldLv, 0, i, e) }
 
 // unlink removes a linked entry from its bucket in O(1). The bucket's heap node stays and is
 // discarded when it reaches the top.
-func (w *wheel) unlink(e *entry) {
+func (w *timingWheel) unlink(e *entry) {
 	p, n := e.prev, e.next
 	if p&laneBit != 0 {
 		lv, sl, ln := laneOf(p)
@@ -278,7 +273,7 @@ func (w *wheel) unlink(e *entry) {
 // nextDue returns the reading (ns) at which the wheel next has something to do: the earliest
 // straggler's deadline, or the moment the earliest non-empty bucket comes due (dueAt), whichever
 // is sooner; never if the wheel is empty. It drops stale heap nodes on the way.
-func (w *wheel) nextDue() int64 {
+func (w *timingWheel) nextDue() int64 {
 	d := int64(never)
 	for f := range w.soon {
 		if !w.soon[f].empty() {
@@ -304,7 +299,7 @@ func (w *wheel) nextDue() int64 {
 // dueAt returns the reading at which the bucket of a live node comes due: its start, or for a
 // bucket of level 0 its earliest deadline if that is later (rounded up to the grain, and no later
 // than the end of its tick, when all of it is due).
-func (w *wheel) dueAt(n heapNode) int64 {
+func (w *timingWheel) dueAt(n heapNode) int64 {
 	at := w.start(n.start)
 	if n.level != 0 {
 		return at
@@ -315,24 +310,14 @@ func (w *wheel) dueAt(n heapNode) int64 {
 	return at
 }
 
-// roundUp rounds a deadline up to a whole number of grains (saturating): a wake for it is never
-// early, and at most a grain late.
-func (w *wheel) roundUp(d int64) int64 {
-	g := w.grain
-	if g <= 1 || d > math.MaxInt64-g {
-		return d
-	}
-	return (d + g - 1) / g * g
-}
-
 // live reports whether a heap node still stands for a non-empty bucket due at its start.
-func (w *wheel) live(n heapNode) bool {
+func (w *timingWheel) live(n heapNode) bool {
 	b := &w.buckets[n.level][n.slot]
 	return b.queued && b.start == n.start && !b.empty()
 }
 
 // popNode removes the heap's top node; if it was its bucket's node, the bucket is no longer queued.
-func (w *wheel) popNode() heapNode {
+func (w *timingWheel) popNode() heapNode {
 	n := w.heap.pop()
 	if b := &w.buckets[n.level][n.slot]; b.start == n.start {
 		b.queued = false
@@ -360,7 +345,7 @@ func (w *wheel) popNode() heapNode {
 // least a quarter of a step's budget (a budget under 10 leaves them nothing: see keep), so that
 // a cascade goes on however many short timers come due meanwhile.
 // The overflow bucket is always taken whole: a visit may re-park entries in it.
-func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) bool {
+func (w *timingWheel) advance(now int64, expire func(i uint32, e *entry), budget int) bool {
 	t := now / w.tick
 	if t < w.elapsed {
 		return true // time never goes backwards; a stale reading is simply early
@@ -409,11 +394,6 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 		if !live {
 			continue
 		}
-		b := &w.buckets[n.level][n.slot]
-		w.elapsed = n.start
-		cur := b.lanes
-		b.lanes = [laneCount]uint32{}
-		w.occupied[n.level] &^= 1 << n.slot
 		limit := 0
 		if budget > 0 && int(n.level) != overflowLv {
 			limit = left
@@ -421,29 +401,44 @@ func (w *wheel) advance(now int64, expire func(i uint32, e *entry), budget int) 
 				limit -= keep // at least 1: the bucket went first only with left > keep
 			}
 		}
-		left -= w.takeLanes(&cur, expire, limit)
-		if cur != ([laneCount]uint32{}) {
-			if n.level != 0 && w.casc.empty() {
-				w.casc.start, w.cascLevel = n.start, n.level
-				w.setLanes(&w.casc, cascLv, 0, &cur)
-				return false
-			}
-			w.putBack(n, &cur)
-			if w.casc.empty() {
-				return false
-			}
-			continue // casc's share of this step; the rest is taken first again next time
+		took, cut := w.takeBucket(n, expire, limit)
+		if left -= took; cut {
+			return false
 		}
 	}
 	w.elapsed = t
 	return true
 }
 
+// takeBucket takes the bucket of node n, which advance has just popped, handing at most about limit
+// of its entries to expire (0: all), and returns how many it handed. If the limit left some, it
+// keeps them where the next step finds them first: the rest of a higher level's bucket becomes the
+// cascade in progress (casc) if there is none, and the step ends (cut); else the rest is put back
+// into the bucket, and the step ends unless a cascade in progress still has its share of it.
+func (w *timingWheel) takeBucket(n heapNode, expire func(i uint32, e *entry), limit int) (took int, cut bool) {
+	b := &w.buckets[n.level][n.slot]
+	w.elapsed = n.start
+	cur := b.lanes
+	b.lanes = [laneCount]uint32{}
+	w.occupied[n.level] &^= 1 << n.slot
+	took = w.takeLanes(&cur, expire, limit)
+	if cur == ([laneCount]uint32{}) {
+		return took, false
+	}
+	if n.level != 0 && w.casc.empty() {
+		w.casc.start, w.cascLevel = n.start, n.level
+		w.setLanes(&w.casc, cascLv, 0, &cur)
+		return took, true
+	}
+	w.putBack(n, &cur)
+	return took, w.casc.empty()
+}
+
 // lowerDue reports whether the heap's next live bucket is due at the reading now (tick t), as
 // advance would take it, and of a level below casc's. Every bucket of a lower level lies in the
 // span of casc's bucket, and every other one starts after that span: so the heap's next bucket
 // is such a bucket if any is. It drops stale nodes on the way.
-func (w *wheel) lowerDue(t, now int64) bool {
+func (w *timingWheel) lowerDue(t, now int64) bool {
 	for w.heap.len() > 0 {
 		n := w.heap.top()
 		if !w.live(n) {
@@ -458,7 +453,7 @@ func (w *wheel) lowerDue(t, now int64) bool {
 // takeCasc hands the entries of the cascade in progress (casc) to expire, at most about limit of
 // them (0: all), and returns how many it handed. expire links what it re-inserts into buckets of
 // lower levels (casc's entries share the span of its bucket with elapsed), never into casc.
-func (w *wheel) takeCasc(expire func(i uint32, e *entry), limit int) int {
+func (w *timingWheel) takeCasc(expire func(i uint32, e *entry), limit int) int {
 	cur := w.casc.lanes
 	w.casc.lanes = [laneCount]uint32{}
 	took := w.takeLanes(&cur, expire, limit)
@@ -468,7 +463,7 @@ func (w *wheel) takeCasc(expire func(i uint32, e *entry), limit int) int {
 
 // setLanes makes the lists in cur the lanes of bucket b, which is empty and is bucket (lv, sl):
 // each list's first entry links back to its lane.
-func (w *wheel) setLanes(b *bucket, lv, sl int, cur *[laneCount]uint32) {
+func (w *timingWheel) setLanes(b *bucket, lv, sl int, cur *[laneCount]uint32) {
 	for ln, i := range cur {
 		if i != 0 {
 			b.lanes[ln] = i
@@ -483,7 +478,7 @@ func (w *wheel) setLanes(b *bucket, lv, sl int, cur *[laneCount]uint32) {
 // to the other). It reports how many entries it handed over and whether it is done: when the
 // budget runs out, what is left goes back into the bucket being taken, due at once, for the next
 // step.
-func (w *wheel) takeSoon(expire func(i uint32, e *entry), budget int) (took int, done bool) {
+func (w *timingWheel) takeSoon(expire func(i uint32, e *entry), budget int) (took int, done bool) {
 	for {
 		t := w.soonFill ^ 1
 		if w.soon[t].empty() {
@@ -514,7 +509,7 @@ func (w *wheel) takeSoon(expire func(i uint32, e *entry), budget int) (took int,
 // putBack links the untaken rest of a bucket's lanes, cur, back into the bucket of node n, which
 // advance took and which nothing was inserted into since, and queues it again. Nothing can be:
 // elapsed is the bucket's start, so a tick in its span now maps to a lower level (levelFor).
-func (w *wheel) putBack(n heapNode, cur *[laneCount]uint32) {
+func (w *timingWheel) putBack(n heapNode, cur *[laneCount]uint32) {
 	b := &w.buckets[n.level][n.slot]
 	w.setLanes(b, int(n.level), int(n.slot), cur)
 	w.occupied[n.level] |= 1 << n.slot
@@ -532,7 +527,7 @@ func (w *wheel) putBack(n heapNode, cur *[laneCount]uint32) {
 // expired one by one. expire may link an entry into another bucket; next was read before, so the
 // walk is unaffected. With limit > 0 it stops once it has handed limit entries (or up to
 // laneCount-1 more) and leaves in cur what it did not take; otherwise cur ends empty.
-func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry), limit int) int {
+func (w *timingWheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry), limit int) int {
 	var (
 		ids [laneCount]uint32
 		es  [laneCount]*entry
@@ -568,7 +563,7 @@ func (w *wheel) takeLanes(cur *[laneCount]uint32, expire func(i uint32, e *entry
 // forEach calls fn for every linked entry. Used by Wheel.Stop and tests. It visits the soon and
 // held buckets, and of the levels only the buckets whose occupied bit is set (a shard's wheel has
 // hundreds of buckets, mostly empty).
-func (w *wheel) forEach(fn func(e *entry)) {
+func (w *timingWheel) forEach(fn func(e *entry)) {
 	for _, b := range []*bucket{&w.soon[0], &w.soon[1], &w.held, &w.casc} {
 		for _, h := range b.lanes {
 			for i := h; i != 0; {
@@ -594,7 +589,7 @@ func (w *wheel) forEach(fn func(e *entry)) {
 
 // position returns the bucket and lane an entry is linked in, by walking back to its lane's
 // reference. O(the entry's place in its lane): for tests, never the hot path.
-func (w *wheel) position(e *entry) (lv, sl int, ln uint8, ok bool) {
+func (w *timingWheel) position(e *entry) (lv, sl int, ln uint8, ok bool) {
 	for p := e.prev; p != 0; p = w.slab.at(p).prev {
 		if p&laneBit != 0 {
 			lv, sl, ln = laneOf(p)
@@ -608,7 +603,7 @@ func (w *wheel) position(e *entry) (lv, sl int, ln uint8, ok bool) {
 // back to it (the first to the lane's reference, each other to the entry before it), none is in
 // a state it cannot have there (notLinkable), and each passes check (nil: no more). It returns
 // how many entries it walked; an error names where.
-func (w *wheel) verifyLanes(b *bucket, lv, sl int, where string, check func(e *entry) error) (int, error) {
+func (w *timingWheel) verifyLanes(b *bucket, lv, sl int, where string, check func(e *entry) error) (int, error) {
 	n := 0
 	for ln, h := range b.lanes {
 		prev := laneRef(lv, sl, uint8(ln))
@@ -653,7 +648,7 @@ func notLinkable(e *entry, inHeld bool) error {
 // soonMin are at or below their entries' deadlines, no parked entry (timer.go) is linked
 // outside the held bucket, and a cascade in progress (casc) is of a level from 1 below the
 // overflow and its bucket's span holds elapsed.
-func (w *wheel) verify() error {
+func (w *timingWheel) verify() error {
 	n := 0
 	for lv := range w.buckets {
 		for sl := range w.buckets[lv] {
