@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,42 +14,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// manualWheel returns a wheel on a manual clock that runs callbacks inside Advance, and stops it
-// when the test ends.
-func manualWheel(t *testing.T, opts ...sw.Option) (*sw.Wheel, *sw.ManualClock) {
-	t.Helper()
-	clk := sw.NewManualClock(epoch)
-	w, err := sw.New(append([]sw.Option{sw.WithClock(clk), sw.WithWorkers(0), sw.WithShards(3)}, opts...)...)
-	require.NoError(t, err)
-	t.Cleanup(func() { w.Stop() })
-	return w, clk
-}
-
-// armStuck arms a callback due after d that blocks its worker until release is closed, then calls
-// then (if not nil); started is closed when the callback begins.
-func armStuck(t *testing.T, w *sw.Wheel, d time.Duration, then func()) (started, release chan struct{}) {
-	t.Helper()
-	started, release = make(chan struct{}), make(chan struct{})
-	_, err := w.AfterFunc(d, func() {
-		close(started)
-		<-release
-		if then != nil {
-			then()
-		}
-	})
-	require.NoError(t, err)
-	return started, release
-}
-
-// requireBalance checks the exactly-once accounting of a quiet wheel.
-func requireBalance(t *testing.T, w *sw.Wheel) {
-	t.Helper()
-	s := w.Stats()
-	require.Equal(t, s.Scheduled, s.Fired+s.Stopped+s.Dropped+uint64(s.Pending), "stats %+v", s)
-}
 
 func TestNewRejectsInvalidOptions(t *testing.T) {
 	cases := []struct {
@@ -170,29 +135,6 @@ func TestDelays(t *testing.T) {
 	requireBalance(t, w)
 }
 
-func TestManualClockOrderAcrossShards(t *testing.T) {
-	w, clk := manualWheel(t, sw.WithShards(4))
-	var got []int
-	for i := 500; i > 0; i-- {
-		i := i
-		_, err := w.AfterFunc(time.Duration(i)*time.Millisecond, func() { got = append(got, i) })
-		require.NoError(t, err)
-	}
-	clk.Advance(time.Second)
-	require.Len(t, got, 500)
-	for i := range got {
-		require.Equal(t, i+1, got[i], "timers within one Advance run in deadline order")
-	}
-	require.NoError(t, w.Verify())
-}
-
-func TestManualClockPanicsOnNegativeAdvance(t *testing.T) {
-	clk := sw.NewManualClock(epoch)
-	require.PanicsWithValue(t, "shardwheel: ManualClock.Advance(-1s): duration must not be negative", func() { clk.Advance(-time.Second) })
-	clk.Advance(time.Hour)
-	require.Equal(t, epoch.Add(time.Hour), clk.Now())
-}
-
 func TestTimerHandle(t *testing.T) {
 	w, clk := manualWheel(t)
 	var zero sw.Timer
@@ -238,198 +180,6 @@ func TestResetEarlier(t *testing.T) {
 	require.EqualValues(t, 1, fired.Load())
 }
 
-func TestUseAfterStop(t *testing.T) {
-	w, clk := manualWheel(t)
-	var fired atomic.Int32
-	tm, err := w.AfterFunc(time.Second, func() { fired.Add(1) })
-	require.NoError(t, err)
-	_, err = w.Every(time.Second, func() { fired.Add(1) })
-	require.NoError(t, err)
-	require.Equal(t, 2, w.Len())
-	require.Equal(t, 2, w.Stop())
-	require.Zero(t, w.Stop(), "later calls return 0")
-	require.Zero(t, w.Len())
-	_, err = w.AfterFunc(time.Second, func() {})
-	require.ErrorIs(t, err, sw.ErrClosed)
-	_, err = w.AfterFuncArg(time.Second, func(any) {}, nil)
-	require.ErrorIs(t, err, sw.ErrClosed)
-	_, err = w.Every(time.Second, func() {})
-	require.ErrorIs(t, err, sw.ErrClosed)
-	require.False(t, tm.Stop(), "a timer counted by Wheel.Stop cannot also be stopped")
-	require.False(t, tm.Reset(time.Second))
-	clk.Advance(time.Hour)
-	require.Zero(t, fired.Load(), "pending timers never fire after Stop")
-	s := w.Stats()
-	require.Equal(t, uint64(2), s.Dropped)
-	require.Equal(t, uint64(3), s.Rejected)
-	requireBalance(t, w)
-}
-
-func TestConcurrentStop(t *testing.T) {
-	w, err := sw.New()
-	require.NoError(t, err)
-	for i := 0; i < 1000; i++ {
-		_, err := w.AfterFunc(time.Hour, func() {})
-		require.NoError(t, err)
-	}
-	var total atomic.Int64
-	var wg sync.WaitGroup
-	for i := 0; i < 8; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			total.Add(int64(w.Stop()))
-		}()
-	}
-	wg.Wait()
-	require.EqualValues(t, 1000, total.Load(), "exactly one Stop reports the pending timers")
-}
-
-// TestFullRing uses a ring of two slots with many producers: producers drain the ring themselves
-// and nothing is lost.
-func TestFullRing(t *testing.T) {
-	w, err := sw.New(sw.WithRingSize(2), sw.WithShards(2))
-	require.NoError(t, err)
-	defer w.Stop()
-	const producers, each = 16, 500
-	var fired, stopped atomic.Int64
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	for p := 0; p < producers; p++ {
-		wg.Add(1)
-		go func(p int) {
-			defer wg.Done()
-			for i := 0; i < each; i++ {
-				tm, err := w.AfterFunc(time.Duration(i%3)*time.Millisecond, func() {
-					if fired.Add(1)+stopped.Load() == producers*each {
-						close(done)
-					}
-				})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if i%4 == 0 && tm.Stop() {
-					if stopped.Add(1)+fired.Load() == producers*each {
-						close(done)
-					}
-				}
-			}
-		}(p)
-	}
-	wg.Wait()
-	<-done
-	require.EqualValues(t, producers*each, fired.Load()+stopped.Load())
-}
-
-// TestFullQueue blocks one of two workers, with a queue of one callback, under both policies:
-// the other worker keeps time and runs what the queue has no room for, so every other callback
-// runs while the first is stuck, and every callback runs once.
-func TestFullQueue(t *testing.T) {
-	for _, policy := range []sw.FullPolicy{sw.Block, sw.CallerRuns} {
-		t.Run(policy.String(), func(t *testing.T) {
-			w, err := sw.New(sw.WithWorkers(2), sw.WithQueueSize(1), sw.WithFullPolicy(policy))
-			require.NoError(t, err)
-			var ran atomic.Int64
-			started, release := armStuck(t, w, 0, func() { ran.Add(1) })
-			<-started
-			const n = 200
-			var wg sync.WaitGroup
-			wg.Add(n)
-			for i := 0; i < n; i++ {
-				_, err := w.AfterFunc(time.Duration(i%5)*time.Millisecond, func() { ran.Add(1); wg.Done() })
-				require.NoError(t, err)
-			}
-			// The free worker runs what does not fit while the other is stuck; at most the one
-			// callback the queue holds could wait for the stuck one.
-			for ran.Load() < n-1 {
-				time.Sleep(time.Millisecond)
-			}
-			close(release)
-			wg.Wait()
-			require.Zero(t, w.Stop())
-			require.EqualValues(t, n+1, ran.Load())
-			requireBalance(t, w)
-		})
-	}
-}
-
-func TestPanickingCallback(t *testing.T) {
-	var got []any
-	var mu sync.Mutex
-	w, clk := manualWheel(t, sw.WithPanicHandler(func(r any) { mu.Lock(); got = append(got, r); mu.Unlock() }))
-	var ran atomic.Int32
-	_, err := w.AfterFunc(time.Millisecond, func() { panic("boom") })
-	require.NoError(t, err)
-	_, err = w.AfterFunc(2*time.Millisecond, func() { ran.Add(1) })
-	require.NoError(t, err)
-	clk.Advance(time.Second)
-	require.Equal(t, []any{"boom"}, got)
-	require.EqualValues(t, 1, ran.Load(), "the wheel keeps working after a panic")
-	require.Equal(t, uint64(1), w.Stats().Panics)
-	require.Equal(t, uint64(2), w.Stats().Fired)
-}
-
-func TestStopFromCallback(t *testing.T) {
-	for _, workers := range []int{1, 3} {
-		w, err := sw.New(sw.WithWorkers(workers))
-		require.NoError(t, err)
-		res := make(chan int, 1)
-		// The hour-long timer is armed first, so that it is pending whenever the callback runs.
-		_, err = w.AfterFunc(time.Hour, func() {})
-		require.NoError(t, err)
-		_, err = w.AfterFunc(time.Millisecond, func() { res <- w.Stop() })
-		require.NoError(t, err)
-		require.Equal(t, 1, <-res, "Stop inside a callback does not wait for itself")
-		require.Zero(t, w.Stop(), "a later Stop waits for the first and returns 0")
-	}
-}
-
-func TestEvery(t *testing.T) {
-	w, clk := manualWheel(t)
-	var runs atomic.Int32
-	var tm sw.Timer
-	tm, err := w.Every(10*time.Millisecond, func() {
-		if runs.Add(1) == 3 {
-			require.True(t, tm.Stop(), "Stop during a run prevents the runs still to come")
-		}
-	})
-	require.NoError(t, err)
-	clk.Advance(9 * time.Millisecond)
-	require.Zero(t, runs.Load(), "the first run is one interval from now")
-	for i := 0; i < 10; i++ {
-		clk.Advance(10 * time.Millisecond)
-	}
-	require.EqualValues(t, 3, runs.Load())
-	require.False(t, tm.Stop())
-	s := w.Stats()
-	require.Equal(t, uint64(3), s.Fired)
-	require.Equal(t, uint64(1), s.Stopped)
-	requireBalance(t, w)
-}
-
-func TestEveryNeverOverlaps(t *testing.T) {
-	w, err := sw.New(sw.WithWorkers(4))
-	require.NoError(t, err)
-	var running, overlaps, runs atomic.Int32
-	tm, err := w.Every(time.Millisecond, func() {
-		if running.Add(1) > 1 {
-			overlaps.Add(1)
-		}
-		time.Sleep(3 * time.Millisecond) // slower than the interval
-		running.Add(-1)
-		runs.Add(1)
-	})
-	require.NoError(t, err)
-	for runs.Load() < 5 {
-		time.Sleep(time.Millisecond)
-	}
-	tm.Stop()
-	require.Zero(t, w.Stop())
-	require.Zero(t, overlaps.Load())
-	requireBalance(t, w)
-}
-
 func TestCallbackReschedulesItself(t *testing.T) {
 	w, clk := manualWheel(t)
 	var tm sw.Timer
@@ -453,11 +203,100 @@ func TestCallbackReschedulesItself(t *testing.T) {
 	requireBalance(t, w)
 }
 
-func TestStatsCountRejections(t *testing.T) {
-	w, _ := manualWheel(t)
-	_, err := w.AfterFunc(0, nil)
-	require.True(t, errors.Is(err, sw.ErrNilFunc))
-	require.Equal(t, uint64(1), w.Stats().Rejected)
-	require.Equal(t, 3, w.Stats().Shards)
-	require.Zero(t, w.Stats().Workers)
+// TestMaxPendingBound hammers a striped WithMaxPending from many goroutines on many shards, each
+// arming timers an hour out and stopping some of them, and a keeper of the tally that counts a
+// timer only while it is certainly pending (after AfterFuncArg returned, before Stop is called):
+// that count must never pass the bound, which is exact (no slack). Every refusal is an
+// ErrTooManyTimers that names the bound. Then, with every timer stopped, one goroutine must get
+// the whole bound back (credits left in other shards' stocks are collected), and no more; and
+// timers that fire give theirs back too.
+func TestMaxPendingBound(t *testing.T) {
+	const limit = 100
+	w, clk := manualWheel(t, sw.WithMaxPending(limit), sw.WithShards(8))
+	goroutines, rounds := 16, 2000
+	if raceEnabled || testing.Short() {
+		rounds = 400
+	}
+	var held, peak, refused atomic.Int64
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rg := rand.New(rand.NewPCG(uint64(g), 1))
+			var mine []sw.Timer
+			for range rounds {
+				if len(mine) > 0 && rg.IntN(3) == 0 { // arms outnumber stops: every goroutine reaches the bound
+					k := rg.IntN(len(mine))
+					held.Add(-1)
+					if !mine[k].Stop() {
+						t.Error("Stop of a pending timer reported false")
+					}
+					mine[k] = mine[len(mine)-1]
+					mine = mine[:len(mine)-1]
+					continue
+				}
+				tm, err := w.AfterFuncArg(time.Hour, noopArg, nil)
+				if err != nil {
+					if !errors.Is(err, sw.ErrTooManyTimers) || err.Error() != "shardwheel: too many pending timers: WithMaxPending(100) reached" {
+						t.Errorf("refusal: %v", err)
+					}
+					refused.Add(1)
+					continue
+				}
+				for h := held.Add(1); ; {
+					p := peak.Load()
+					if h <= p || peak.CompareAndSwap(p, h) {
+						break
+					}
+				}
+				mine = append(mine, tm)
+			}
+			for _, tm := range mine {
+				held.Add(-1)
+				if !tm.Stop() {
+					t.Error("Stop of a pending timer reported false")
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.LessOrEqual(t, peak.Load(), int64(limit), "more timers pending than WithMaxPending")
+	require.Positive(t, refused.Load(), "the bound was reached")
+	require.Zero(t, w.Len())
+
+	// Quiet: the whole bound is available again, to one goroutine, and no more.
+	var timers []sw.Timer
+	for i := range limit {
+		tm, err := w.AfterFuncArg(time.Millisecond, noopArg, nil)
+		require.NoError(t, err, "timer %d of %d once every earlier one was stopped", i, limit)
+		timers = append(timers, tm)
+	}
+	_, err := w.AfterFuncArg(time.Millisecond, noopArg, nil)
+	require.EqualError(t, err, "shardwheel: too many pending timers: WithMaxPending(100) reached")
+	require.ErrorIs(t, err, sw.ErrTooManyTimers)
+	require.True(t, timers[0].Stop())
+	_, err = w.AfterFuncArg(time.Millisecond, noopArg, nil)
+	require.NoError(t, err, "a stopped timer gives its credit back")
+
+	// Fired timers give theirs back: all of them fire, and the bound is free again.
+	clk.Advance(time.Millisecond)
+	require.Zero(t, w.Len())
+	for i := range limit {
+		_, err := w.AfterFuncArg(time.Hour, noopArg, nil)
+		require.NoError(t, err, "timer %d of %d once every earlier one fired", i, limit)
+	}
+	_, err = w.AfterFuncArg(time.Hour, noopArg, nil)
+	require.ErrorIs(t, err, sw.ErrTooManyTimers)
+	require.Equal(t, limit, w.Stop(), "Stop drops the timers that hold the bound")
+}
+
+// TestMaxPendingNoLimit: a wheel without the option never refuses for the count of its timers.
+func TestMaxPendingNoLimit(t *testing.T) {
+	w, _ := manualWheel(t, sw.WithShards(4))
+	for range 10_000 {
+		_, err := w.AfterFuncArg(time.Hour, noopArg, nil)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 10_000, w.Len())
 }

@@ -118,9 +118,6 @@ func requireEnded(t *testing.T, ctx context.Context, err, cause error) {
 
 type ctxKey string
 
-// short is a deadline the std lib reaches quickly on the real clock; the wheel advances to it.
-const short = 5 * time.Millisecond
-
 var errCause = errors.New("the client went away")
 
 // ctxScenarios is the one table of behaviours required of both implementations.

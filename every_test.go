@@ -9,28 +9,49 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// everyRuns starts an Every on a manual wheel that records the manual time (since the epoch) of
-// each run; during each run, f may advance the clock further (a run that takes time).
-func everyRuns(t *testing.T, interval time.Duration, f func(clk *sw.ManualClock)) (*sw.Wheel, *sw.ManualClock, sw.Timer, *[]time.Duration) {
-	t.Helper()
+func TestEvery(t *testing.T) {
 	w, clk := manualWheel(t)
-	var runs []time.Duration
-	tm, err := w.Every(interval, func() {
-		runs = append(runs, clk.Now().Sub(epoch))
-		if f != nil {
-			f(clk)
+	var runs atomic.Int32
+	var tm sw.Timer
+	tm, err := w.Every(10*time.Millisecond, func() {
+		if runs.Add(1) == 3 {
+			require.True(t, tm.Stop(), "Stop during a run prevents the runs still to come")
 		}
 	})
 	require.NoError(t, err)
-	return w, clk, tm, &runs
+	clk.Advance(9 * time.Millisecond)
+	require.Zero(t, runs.Load(), "the first run is one interval from now")
+	for i := 0; i < 10; i++ {
+		clk.Advance(10 * time.Millisecond)
+	}
+	require.EqualValues(t, 3, runs.Load())
+	require.False(t, tm.Stop())
+	s := w.Stats()
+	require.Equal(t, uint64(3), s.Fired)
+	require.Equal(t, uint64(1), s.Stopped)
+	requireBalance(t, w)
 }
 
-func ms(n ...float64) []time.Duration {
-	out := make([]time.Duration, len(n))
-	for i, x := range n {
-		out[i] = time.Duration(x * float64(time.Millisecond))
+func TestEveryNeverOverlaps(t *testing.T) {
+	w, err := sw.New(sw.WithWorkers(4))
+	require.NoError(t, err)
+	var running, overlaps, runs atomic.Int32
+	tm, err := w.Every(time.Millisecond, func() {
+		if running.Add(1) > 1 {
+			overlaps.Add(1)
+		}
+		time.Sleep(3 * time.Millisecond) // slower than the interval
+		running.Add(-1)
+		runs.Add(1)
+	})
+	require.NoError(t, err)
+	for runs.Load() < 5 {
+		time.Sleep(time.Millisecond)
 	}
-	return out
+	tm.Stop()
+	require.Zero(t, w.Stop())
+	require.Zero(t, overlaps.Load())
+	requireBalance(t, w)
 }
 
 // TestEveryFixedRate: the k-th run is due k intervals after the call, as time.Ticker's k-th tick

@@ -16,80 +16,52 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Concurrency faults. Each test accounts for every accepted timer exactly once: its callback ran
-// once, or one Stop reported true, or it was counted in what Wheel.Stop returned; and it
-// cross-checks with Stats at the end (Scheduled == Fired + Stopped + Dropped). Waits are for
-// behaviour (a count reached), with a generous cap only so that a lost timer fails instead of
-// hanging; no test asserts how long anything took.
-
-const fltPatience = 60 * time.Second // a liveness cap, not a performance threshold
-
-// fltBook records what happened to each timer of a test, by id.
-type fltBook struct {
-	runs    []atomic.Int32
-	stopped []atomic.Int32
-}
-
-func newFltBook(n int) *fltBook {
-	return &fltBook{runs: make([]atomic.Int32, n), stopped: make([]atomic.Int32, n)}
-}
-
-func (b *fltBook) ran(id int)  { b.runs[id].Add(1) }
-func (b *fltBook) stop(id int) { b.stopped[id].Add(1) }
-
-// totals returns how many timers ran and how many were stopped, among ids below n.
-func (b *fltBook) totals(n int) (ran, stopped int) {
-	for i := 0; i < n; i++ {
-		ran += int(b.runs[i].Load())
-		stopped += int(b.stopped[i].Load())
+// TestFullQueue blocks one of two workers, with a queue of one callback, under both policies:
+// the other worker keeps time and runs what the queue has no room for, so every other callback
+// runs while the first is stuck, and every callback runs once.
+func TestFullQueue(t *testing.T) {
+	for _, policy := range []sw.FullPolicy{sw.Block, sw.CallerRuns} {
+		t.Run(policy.String(), func(t *testing.T) {
+			w, err := sw.New(sw.WithWorkers(2), sw.WithQueueSize(1), sw.WithFullPolicy(policy))
+			require.NoError(t, err)
+			var ran atomic.Int64
+			started, release := armStuck(t, w, 0, func() { ran.Add(1) })
+			<-started
+			const n = 200
+			var wg sync.WaitGroup
+			wg.Add(n)
+			for i := 0; i < n; i++ {
+				_, err := w.AfterFunc(time.Duration(i%5)*time.Millisecond, func() { ran.Add(1); wg.Done() })
+				require.NoError(t, err)
+			}
+			// The free worker runs what does not fit while the other is stuck; at most the one
+			// callback the queue holds could wait for the stuck one.
+			for ran.Load() < n-1 {
+				time.Sleep(time.Millisecond)
+			}
+			close(release)
+			wg.Wait()
+			require.Zero(t, w.Stop())
+			require.EqualValues(t, n+1, ran.Load())
+			requireBalance(t, w)
+		})
 	}
-	return
 }
 
-// check requires that each of the first n ids ended at most once, and that those that ended
-// neither way number exactly dropped.
-func (b *fltBook) check(t testing.TB, n, dropped int) {
-	t.Helper()
-	neither := 0
-	for i := 0; i < n; i++ {
-		r, s := b.runs[i].Load(), b.stopped[i].Load()
-		require.LessOrEqual(t, r+s, int32(1), "timer %d: ran %d times, stopped %d times", i, r, s)
-		if r+s == 0 {
-			neither++
-		}
-	}
-	require.Equal(t, dropped, neither, "timers that neither ran nor were stopped, against Wheel.Stop's count")
-}
-
-// fltWaitQuiet waits until every accepted timer of w has fired or been stopped.
-func fltWaitQuiet(t testing.TB, w *sw.Wheel, want func() bool) {
-	t.Helper()
-	require.Eventually(t, want, fltPatience, time.Millisecond, "timers lost: %+v", w.Stats())
-}
-
-// fltBalance checks the counters once the wheel is stopped.
-func fltBalance(t testing.TB, w *sw.Wheel, scheduled, fired, stopped, dropped int) {
-	t.Helper()
-	st := w.Stats()
-	assert.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped, "%+v", st)
-	assert.Equal(t, uint64(scheduled), st.Scheduled, "%+v", st)
-	assert.Equal(t, uint64(fired), st.Fired, "%+v", st)
-	assert.Equal(t, uint64(stopped), st.Stopped, "%+v", st)
-	assert.Equal(t, uint64(dropped), st.Dropped, "%+v", st)
-	assert.Equal(t, 0, st.Pending)
-}
-
-// fltGoid returns the calling goroutine's id, to tell which goroutine ran a callback.
-func fltGoid() int64 {
-	var buf [64]byte
-	b := buf[:runtime.Stack(buf[:], false)]
-	b = b[len("goroutine "):]
-	i := 0
-	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-		i++
-	}
-	id, _ := strconv.ParseInt(string(b[:i]), 10, 64)
-	return id
+func TestPanickingCallback(t *testing.T) {
+	var got []any
+	var mu sync.Mutex
+	w, clk := manualWheel(t, sw.WithPanicHandler(func(r any) { mu.Lock(); got = append(got, r); mu.Unlock() }))
+	var ran atomic.Int32
+	_, err := w.AfterFunc(time.Millisecond, func() { panic("boom") })
+	require.NoError(t, err)
+	_, err = w.AfterFunc(2*time.Millisecond, func() { ran.Add(1) })
+	require.NoError(t, err)
+	clk.Advance(time.Second)
+	require.Equal(t, []any{"boom"}, got)
+	require.EqualValues(t, 1, ran.Load(), "the wheel keeps working after a panic")
+	require.Equal(t, uint64(1), w.Stats().Panics)
+	require.Equal(t, uint64(2), w.Stats().Fired)
 }
 
 // TestFaultPanickingCallbacks: most callbacks panic (with a string, an error, nil); each panic is
@@ -252,12 +224,6 @@ func TestFaultSlowCallbacksSystemClock(t *testing.T) {
 	}
 }
 
-// fltSpin burns about d of CPU without sleeping (a sleep is much longer than 20µs on most kernels).
-func fltSpin(d time.Duration) {
-	for start := time.Now(); time.Since(start) < d; {
-	}
-}
-
 // TestFaultTinyRing: a ring of 2 commands per shard and many producers, so that producers find
 // the ring full nearly every time and drain it themselves; schedules, stops and resets all arrive.
 func TestFaultTinyRing(t *testing.T) {
@@ -323,158 +289,6 @@ func TestFaultTinyRing(t *testing.T) {
 				fltBalance(t, w, n, n-s, s, 0)
 			})
 		}
-	}
-}
-
-// TestFaultStopWhileHammered: Wheel.Stop while producers schedule and stop as fast as they can.
-// Calls that got ErrClosed were not accepted; every accepted timer ran, was stopped, or was
-// counted by Wheel.Stop; and no callback starts after Wheel.Stop returned.
-func TestFaultStopWhileHammered(t *testing.T) {
-	const capIDs = 1 << 19
-	target := int64(40_000)
-	if testing.Short() {
-		target = 10_000
-	}
-	w, err := sw.New(sw.WithShards(2), sw.WithWorkers(2), sw.WithRingSize(64))
-	require.NoError(t, err)
-	defer w.Stop()
-	book := newFltBook(capIDs)
-	var nextID, stoppedTrue, closedErrs atomic.Int64
-	var wg sync.WaitGroup
-	for g := 0; g < 6; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(g), 3))
-			delays := []time.Duration{0, 50 * time.Microsecond, time.Millisecond, time.Hour}
-			var prev sw.Timer
-			prevID := -1
-			for {
-				id := int(nextID.Add(1) - 1)
-				if id >= capIDs {
-					return
-				}
-				tm, err := w.AfterFuncArg(delays[rng.IntN(len(delays))], func(a any) { book.ran(a.(int)) }, id)
-				if err != nil {
-					assert.ErrorIs(t, err, sw.ErrClosed)
-					closedErrs.Add(1)
-					book.stop(id) // not accepted: mark it so that the check does not count it as dropped
-					return
-				}
-				if rng.IntN(3) == 0 && prevID >= 0 && prev.Stop() {
-					book.stop(prevID)
-					stoppedTrue.Add(1)
-				}
-				prev, prevID = tm, id
-			}
-		}()
-	}
-	require.Eventually(t, func() bool { return nextID.Load() >= target }, fltPatience, time.Millisecond)
-	dropped := w.Stop()
-	ranAtStop, _ := book.totals(capIDs)
-	wg.Wait()
-	ids := int(min(nextID.Load(), capIDs))
-	ranAfter, _ := book.totals(capIDs)
-	require.Equal(t, ranAtStop, ranAfter, "callbacks started after Wheel.Stop returned")
-	rejected := int(closedErrs.Load())
-	accepted := ids - rejected
-	require.Positive(t, rejected, "every producer ends on ErrClosed")
-	book.check(t, ids, dropped)
-	s := int(stoppedTrue.Load())
-	require.Equal(t, accepted, ranAfter+s+dropped)
-	fltBalance(t, w, accepted, ranAfter, s, dropped)
-	t.Logf("accepted %d: fired %d, stopped %d, dropped by Wheel.Stop %d; rejected %d", accepted, ranAfter, s, dropped, rejected)
-}
-
-// TestFaultStopInsideCallback: Wheel.Stop called from a callback returns at once (no deadlock),
-// waiting for no other callback, also one that waits for that Stop to return, and every timer is
-// accounted for.
-func TestFaultStopInsideCallback(t *testing.T) {
-	for _, workers := range []int{0, 1, 4} {
-		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
-			clock := sw.NewManualClock(time.Unix(0, 0))
-			opts := []sw.Option{sw.WithWorkers(workers), sw.WithShards(2)}
-			if workers == 0 {
-				opts = append(opts, sw.WithClock(clock))
-			}
-			w, err := sw.New(opts...)
-			require.NoError(t, err)
-			defer w.Stop()
-
-			const far, near = 50, 30
-			n := far + near + 2
-			book := newFltBook(n)
-			for i := 0; i < far; i++ { // pending at Stop: dropped
-				_, err := w.AfterFuncArg(time.Hour, func(a any) { book.ran(a.(int)) }, i)
-				require.NoError(t, err)
-			}
-			for i := far; i < far+near; i++ { // due with the stopper, or just after
-				_, err := w.AfterFuncArg(time.Duration(i%3)*time.Millisecond, func(a any) { book.ran(a.(int)) }, i)
-				require.NoError(t, err)
-			}
-			// B, with several workers: a callback running on another worker that waits for A's
-			// Stop to return. B is due a tick before A, so that it travels in an earlier batch and
-			// never in the same task as A.
-			bID, aID := n-2, n-1
-			bStarted, aStopped := make(chan struct{}), make(chan struct{})
-			if workers > 1 {
-				_, err = w.AfterFunc(0, func() {
-					close(bStarted)
-					<-aStopped
-					book.ran(bID)
-				})
-				require.NoError(t, err)
-			} else {
-				close(bStarted)
-				book.stop(bID) // not scheduled: out of the count
-			}
-			type result struct {
-				n, again  int
-				errClosed error
-			}
-			res := make(chan result, 1)
-			_, err = w.AfterFunc(time.Millisecond, func() {
-				book.ran(aID)
-				<-bStarted
-				var r result
-				r.n = w.Stop()
-				close(aStopped)
-				r.again = w.Stop()
-				_, r.errClosed = w.AfterFunc(0, func() {})
-				res <- r
-			})
-			require.NoError(t, err)
-			scheduled := n
-			if workers <= 1 {
-				scheduled--
-			}
-
-			if workers == 0 {
-				advanced := make(chan struct{})
-				go func() { clock.Advance(2 * time.Hour); close(advanced) }()
-				select {
-				case <-advanced:
-				case <-time.After(fltPatience):
-					t.Fatal("Advance did not return: Wheel.Stop inside a callback deadlocked")
-				}
-			}
-			var r result
-			select {
-			case r = <-res:
-			case <-time.After(fltPatience):
-				t.Fatal("Wheel.Stop inside a callback deadlocked")
-			}
-			assert.Equal(t, 0, r.again, "a second Stop returns 0")
-			assert.ErrorIs(t, r.errClosed, sw.ErrClosed)
-			assert.GreaterOrEqual(t, r.n, far, "the hour-long timers are pending at Stop")
-			// The rest of the stopper's batch (and, with one worker, chunks queued behind it) may
-			// still run after its callback returns; wait for them, then account for everyone.
-			fltWaitQuiet(t, w, func() bool { ran, _ := book.totals(n); return ran+r.n == scheduled })
-			require.Equal(t, 0, w.Stop())
-			book.check(t, n, r.n)
-			ran, _ := book.totals(n)
-			fltBalance(t, w, scheduled, ran, 0, r.n)
-		})
 	}
 }
 
@@ -564,57 +378,6 @@ func TestFaultCallbackTouchesTimers(t *testing.T) {
 	}
 }
 
-// TestFaultStopInsideCallerRunsCallback: under CallerRuns, a callback that the dispatching
-// goroutine (here the caller of ManualClock.Advance) runs itself, because the queue is full,
-// calls Wheel.Stop while the rest of its batch still waits to be dispatched. Stop must return,
-// the dispatcher must not panic, and every timer must be accounted for once (the rest of the
-// batch runs after that callback returns, as Wheel.Stop's doc says).
-func TestFaultStopInsideCallerRunsCallback(t *testing.T) {
-	clock := sw.NewManualClock(time.Unix(0, 0))
-	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(1), sw.WithQueueSize(1),
-		sw.WithFullPolicy(sw.CallerRuns), sw.WithShards(1))
-	require.NoError(t, err)
-	defer w.Stop()
-	const n = 100
-	book := newFltBook(n)
-	gate := make(chan struct{})
-	var caller atomic.Int64
-	var once sync.Once
-	stopped := make(chan int, 1)
-	for i := 0; i < n; i++ {
-		_, err := w.AfterFunc(time.Millisecond, func() {
-			book.ran(i)
-			if fltGoid() != caller.Load() {
-				<-gate // the worker holds on, so that the queue stays full
-				return
-			}
-			once.Do(func() {
-				close(gate)
-				stopped <- w.Stop()
-			})
-		})
-		require.NoError(t, err)
-	}
-	panicked := make(chan any, 1)
-	go func() {
-		defer func() { panicked <- recover() }()
-		caller.Store(fltGoid())
-		clock.Advance(time.Millisecond)
-	}()
-	var p any
-	select {
-	case p = <-panicked:
-	case <-time.After(fltPatience):
-		t.Fatal("Advance did not return")
-	}
-	require.Nil(t, p, "ManualClock.Advance panicked after a caller-run callback stopped the wheel")
-	dropped := <-stopped
-	require.Equal(t, 0, dropped, "all %d timers were due and dispatched together", n)
-	fltWaitQuiet(t, w, func() bool { r, _ := book.totals(n); return r == n })
-	book.check(t, n, 0)
-	fltBalance(t, w, n, n, 0, 0)
-}
-
 // TestFaultStaleResetRacesReuse: a Reset of a timer that is firing at that very moment must not
 // touch the timer that reuses its pooled entry. Producers arm a timer due at once and Reset it
 // (a stale handle as soon as it fires), while they keep arming timers an hour out; an hour timer
@@ -673,4 +436,279 @@ func TestFaultStaleResetRacesReuse(t *testing.T) {
 	fltWaitQuiet(t, w, func() bool { return w.Len() == 0 }) // the timers due at once
 	require.Equal(t, 0, w.Stop())
 	require.Zero(t, hourFired.Load())
+}
+
+// TestFaultGoexitCallbacks: on the system clock, every fifth callback calls runtime.Goexit. Every
+// callback runs once, the wheel still fires a timer afterwards, it runs as many worker goroutines
+// as before, and Stop accounts for everything.
+func TestFaultGoexitCallbacks(t *testing.T) {
+	for _, workers := range []int{0, 1, 2} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			w, err := sw.New(sw.WithWorkers(workers))
+			require.NoError(t, err)
+			defer w.Stop()
+			want := max(workers, 1) // WithWorkers(0) on the system clock: one, which keeps time
+			require.Eventually(t, func() bool { return sw.WorkerGoroutines(w) == want }, fltPatience, time.Millisecond)
+
+			const n = 400
+			book := newFltBook(n + 1)
+			for i := range n {
+				// Many share a deadline, so a batch holds several Goexits and the callbacks after them.
+				_, err := w.AfterFunc(time.Duration(i%20)*100*time.Microsecond, func() {
+					book.ran(i)
+					if i%5 == 0 {
+						runtime.Goexit()
+					}
+				})
+				require.NoError(t, err)
+			}
+			fltWaitQuiet(t, w, func() bool { r, _ := book.totals(n); return r == n })
+
+			done := make(chan struct{})
+			_, err = w.AfterFunc(time.Millisecond, func() { book.ran(n); close(done) })
+			require.NoError(t, err)
+			select {
+			case <-done:
+			case <-time.After(fltPatience):
+				t.Fatalf("the wheel stopped keeping time after its callbacks called runtime.Goexit: %+v", w.Stats())
+			}
+			require.Eventually(t, func() bool { return sw.WorkerGoroutines(w) == want }, fltPatience, time.Millisecond,
+				"worker goroutines: want %d", want)
+
+			require.Equal(t, 0, w.Stop())
+			book.check(t, n+1, 0)
+			fltBalance(t, w, n+1, n+1, 0, 0)
+		})
+	}
+}
+
+// TestFaultGoexitInAdvance: with a manual clock and WithWorkers(0), a callback that calls
+// runtime.Goexit ends the goroutine that called Advance, as a Goexit anywhere in it would. The
+// callbacks of that batch still run, once, on it, before it ends; the next Advance, from another
+// goroutine, does not wait for the first and fires what is due then, and nothing runs twice.
+func TestFaultGoexitInAdvance(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithWorkers(0), sw.WithClock(clock))
+	require.NoError(t, err)
+	defer w.Stop()
+	const n = 10
+	book := newFltBook(n + 1)
+	var advancer atomic.Int64
+	var elsewhere atomic.Int32 // callbacks that ran on another goroutine than the advancer
+	for i := range n {
+		_, err := w.AfterFunc(time.Millisecond, func() {
+			book.ran(i)
+			if fltGoid() != advancer.Load() {
+				elsewhere.Add(1)
+			}
+			if i == 3 || i == 7 {
+				runtime.Goexit()
+			}
+		})
+		require.NoError(t, err)
+	}
+	ended, returned := make(chan struct{}), false
+	go func() {
+		defer close(ended)
+		advancer.Store(fltGoid())
+		clock.Advance(time.Millisecond)
+		returned = true
+	}()
+	<-ended
+	require.False(t, returned, "Advance returned although a callback on its goroutine called runtime.Goexit")
+	ran, _ := book.totals(n)
+	require.Equal(t, n, ran, "every callback of the batch runs before the goroutine ends")
+	require.Zero(t, elsewhere.Load())
+
+	// The clock is free: Advance from this goroutine fires the next timer, and what ran does
+	// not run again.
+	advancer.Store(fltGoid())
+	_, err = w.AfterFunc(time.Millisecond, func() { book.ran(n) })
+	require.NoError(t, err)
+	clock.Advance(time.Millisecond)
+	clock.Advance(time.Hour)
+	require.Equal(t, int32(1), book.runs[n].Load())
+	require.Equal(t, 0, w.Stop())
+	book.check(t, n+1, 0)
+	fltBalance(t, w, n+1, n+1, 0, 0)
+}
+
+// TestFaultGoexitAfterStopInAdvance: a callback run by Advance (WithWorkers(0), or WithWorkers(1)
+// with the queue full and CallerRuns) stops the wheel and then calls runtime.Goexit. The Stop it
+// began is finished: the Advance goroutine ends, a Stop from another goroutine returns, the
+// timers that were pending count as dropped, and no worker goroutine is left.
+func TestFaultGoexitAfterStopInAdvance(t *testing.T) {
+	for _, workers := range []int{0, 1} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			clock := sw.NewManualClock(time.Unix(0, 0))
+			opts := []sw.Option{sw.WithWorkers(workers), sw.WithClock(clock)}
+			if workers > 0 {
+				opts = append(opts, sw.WithQueueSize(1), sw.WithFullPolicy(sw.CallerRuns))
+			}
+			w, err := sw.New(opts...)
+			require.NoError(t, err)
+			defer w.Stop()
+			release := make(chan struct{})
+			if workers > 0 {
+				// Occupy the worker, then fill the queue, so that the next callback runs on the
+				// Advance caller.
+				started := make(chan struct{})
+				_, err := w.AfterFunc(0, func() { close(started); <-release })
+				require.NoError(t, err)
+				clock.Advance(0)
+				<-started
+				_, err = w.AfterFunc(0, func() { <-release })
+				require.NoError(t, err)
+				clock.Advance(0)
+			}
+			var advancer, stopped atomic.Int64
+			stopped.Store(-1)
+			stopping := make(chan struct{})
+			_, err = w.AfterFunc(time.Millisecond, func() {
+				if fltGoid() != advancer.Load() {
+					return // not on the Advance caller: not the case under test (stopped stays -1)
+				}
+				close(stopping)
+				stopped.Store(int64(w.Stop()))
+				runtime.Goexit()
+			})
+			require.NoError(t, err)
+			for range 5 {
+				_, err := w.AfterFunc(time.Hour, func() { t.Error("a dropped timer ran") })
+				require.NoError(t, err)
+			}
+			ended := make(chan struct{})
+			go func() {
+				defer close(ended)
+				advancer.Store(fltGoid())
+				clock.Advance(time.Millisecond)
+			}()
+			// The Stop waits for the worker, which waits for release.
+			select {
+			case <-stopping:
+			case <-time.After(fltPatience):
+				t.Fatal("the callback never ran on the Advance caller")
+			}
+			close(release)
+			require.Eventually(t, func() bool { return stopped.Load() >= 0 }, fltPatience, time.Millisecond)
+			require.Equal(t, int64(5), stopped.Load(), "the callback's Stop drops the five pending an hour out")
+			select {
+			case <-ended:
+			case <-time.After(fltPatience):
+				t.Fatal("the Advance goroutine did not end")
+			}
+			again := make(chan int)
+			go func() { again <- w.Stop() }()
+			select {
+			case n := <-again:
+				require.Equal(t, 0, n)
+			case <-time.After(fltPatience):
+				t.Fatal("Stop waits for an Advance that a runtime.Goexit ended")
+			}
+			require.Equal(t, 0, sw.WorkerGoroutines(w))
+		})
+	}
+}
+
+// TestFaultGoexitInEvery: an Every whose second run calls runtime.Goexit goes on with its third,
+// on the manual clock and on the system clock.
+func TestFaultGoexitInEvery(t *testing.T) {
+	t.Run("manual", func(t *testing.T) {
+		clock := sw.NewManualClock(time.Unix(0, 0))
+		w, err := sw.New(sw.WithWorkers(0), sw.WithClock(clock))
+		require.NoError(t, err)
+		defer w.Stop()
+		var runs atomic.Int32
+		_, err = w.Every(10*time.Millisecond, func() {
+			if runs.Add(1) == 2 {
+				runtime.Goexit()
+			}
+		})
+		require.NoError(t, err)
+		clock.Advance(10 * time.Millisecond)
+		require.Equal(t, int32(1), runs.Load())
+		ended := make(chan struct{})
+		go func() {
+			defer close(ended)
+			clock.Advance(10 * time.Millisecond)
+		}()
+		<-ended
+		require.Equal(t, int32(2), runs.Load())
+		for k := int32(3); k <= 5; k++ {
+			clock.Advance(10 * time.Millisecond)
+			require.Equal(t, k, runs.Load(), "run %d", k)
+		}
+		require.Equal(t, 1, w.Stop(), "the series' next run is pending")
+	})
+	t.Run("system", func(t *testing.T) {
+		w, err := sw.New(sw.WithWorkers(1))
+		require.NoError(t, err)
+		defer w.Stop()
+		var runs atomic.Int32
+		_, err = w.Every(time.Millisecond, func() {
+			runs.Add(1)
+			runtime.Goexit() // every run: each ends the worker's goroutine
+		})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return runs.Load() >= 20 }, fltPatience, time.Millisecond)
+		// A goroutine that is ending may still show beside the one that replaced it.
+		require.Eventually(t, func() bool { return sw.WorkerGoroutines(w) == 1 }, fltPatience, time.Millisecond)
+		// The next run is pending (1), or its run fired just before Stop and starts after it,
+		// with no next run (0): either way Stop's count is the books'.
+		n := w.Stop()
+		require.LessOrEqual(t, n, 1)
+		st := w.Stats()
+		require.EqualValues(t, n, st.Dropped, "%+v", st)
+		require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped, "%+v", st)
+	})
+}
+
+// TestFaultGoexitKeepsRerun: while a callback on the Advance caller runs, a worker's callback
+// calls Advance, which returns at once and leaves the new time to the holder (rerun); then the
+// caller's callback calls runtime.Goexit. The timer due at the new time still fires, with no
+// further Advance.
+func TestFaultGoexitKeepsRerun(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(1), sw.WithQueueSize(1), sw.WithFullPolicy(sw.CallerRuns))
+	require.NoError(t, err)
+	defer w.Stop()
+	started, release, asked := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	_, err = w.AfterFunc(0, func() { // on the worker
+		close(started)
+		<-release
+		clock.Advance(time.Millisecond) // the holder is busy: this asks it to advance again
+		close(asked)
+	})
+	require.NoError(t, err)
+	clock.Advance(0)
+	<-started
+	_, err = w.AfterFunc(0, func() {}) // fills the queue
+	require.NoError(t, err)
+	clock.Advance(0)
+	var advancer atomic.Int64
+	onCaller := make(chan bool, 1)
+	_, err = w.AfterFunc(0, func() {
+		onCaller <- fltGoid() == advancer.Load()
+		close(release)
+		<-asked
+		runtime.Goexit()
+	})
+	require.NoError(t, err)
+	late := make(chan struct{})
+	_, err = w.AfterFunc(time.Millisecond, func() { close(late) })
+	require.NoError(t, err)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		advancer.Store(fltGoid())
+		clock.Advance(0)
+	}()
+	require.True(t, <-onCaller, "the queue was full: the callback runs on the Advance caller")
+	<-ended
+	select {
+	case <-late:
+	case <-time.After(fltPatience):
+		t.Fatal("the worker's Advance was lost with the goroutine that held the clock")
+	}
+	require.Equal(t, 0, w.Stop())
 }

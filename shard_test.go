@@ -1,209 +1,109 @@
 package shardwheel_test
 
 import (
-	"math"
-	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	sw "github.com/shardwheel/shardwheel"
 	"github.com/stretchr/testify/require"
 )
 
-// levelWidth is the number of ticks one slot of a level spans.
-func levelWidth(level int) int64 { return int64(1) << (uint(level) * sw.SlotBits) }
-
-// TestSlotFor checks slotFor over every slot of every level, with noise below and above.
-func TestSlotFor(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	for level := 0; level < sw.NumLevels; level++ {
-		for slot := 0; slot < sw.NumSlots; slot++ {
-			base := int64(slot) << (uint(level) * sw.SlotBits)
-			for range 8 {
-				below := rng.Int64N(levelWidth(level))
-				above := rng.Int64N(1<<20) << (uint(level+1) * sw.SlotBits)
-				when := above | base | below
-				require.Equal(t, slot, sw.SlotFor(when, level), "level %d slot %d when %d", level, slot, when)
+// TestFullRing uses a ring of two slots with many producers: producers drain the ring themselves
+// and nothing is lost.
+func TestFullRing(t *testing.T) {
+	w, err := sw.New(sw.WithRingSize(2), sw.WithShards(2))
+	require.NoError(t, err)
+	defer w.Stop()
+	const producers, each = 16, 500
+	var fired, stopped atomic.Int64
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for p := 0; p < producers; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				tm, err := w.AfterFunc(time.Duration(i%3)*time.Millisecond, func() {
+					if fired.Add(1)+stopped.Load() == producers*each {
+						close(done)
+					}
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if i%4 == 0 && tm.Stop() {
+					if stopped.Add(1)+fired.Load() == producers*each {
+						close(done)
+					}
+				}
 			}
-		}
+		}(p)
 	}
+	wg.Wait()
+	<-done
+	require.EqualValues(t, producers*each, fired.Load()+stopped.Load())
 }
 
-// TestLevelFor checks levelFor and bucketStart over every slot of every level: a deadline in slot
-// s of level l, seen from an elapsed tick that agrees with it above l and is below it at l, is at
-// level l, and its bucket starts after elapsed, at or before the deadline.
-func TestLevelFor(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	for level := 0; level < sw.NumLevels; level++ {
-		for slot := 1; slot < sw.NumSlots; slot++ {
-			for range 8 {
-				shift := uint(level) * sw.SlotBits
-				upper := rng.Int64N(1<<20) << (shift + sw.SlotBits)
-				elapsedDigit := rng.Int64N(int64(slot))
-				elapsed := upper | elapsedDigit<<shift | rng.Int64N(levelWidth(level))
-				when := upper | int64(slot)<<shift | rng.Int64N(levelWidth(level))
-				require.Equal(t, level, sw.LevelFor(elapsed, when), "elapsed %d when %d", elapsed, when)
-				start := sw.BucketStart(when, level)
-				require.Greater(t, start, elapsed)
-				require.LessOrEqual(t, start, when)
-				require.Equal(t, int64(0), start%levelWidth(level))
-			}
-		}
-	}
-	// A deadline equal to elapsed is at level 0; one past the top level overflows.
-	require.Equal(t, 0, sw.LevelFor(12345, 12345))
-	require.Equal(t, sw.Overflow, sw.LevelFor(0, sw.WheelSpan))
-	require.Equal(t, sw.Overflow, sw.LevelFor(5, math.MaxInt64))
-	require.Equal(t, sw.NumLevels-1, sw.LevelFor(0, sw.WheelSpan-1))
-	require.Equal(t, int64(math.MaxInt64)&^(sw.WheelSpan-1), sw.BucketStart(math.MaxInt64, sw.Overflow))
-	require.Equal(t, 3*sw.WheelSpan, sw.BucketStart(3*sw.WheelSpan+7, sw.Overflow))
+// TestLostWakeupBehindUnpublishedCancel is the interleaving a reader found in v1, step by step,
+// on one shard with a manual clock and callbacks on the advancer:
+//  1. A Stop of timer D has made its state CAS and claimed its ring slot, and is paused before it
+//     publishes the cancel.
+//  2. Timer B is armed behind it; its noteDeadline sees the shard's next (C's, earlier) and
+//     returns.
+//  3. The advance fires C. Its drain stops at A's slot, so it cannot see B, and it publishes the
+//     wheel's own next due: none.
+//  4. A publishes its cancel; a cancel notes no deadline.
+//
+// In v1 nothing then looked at the shard again: after a day of manual time B had not fired.
+func TestLostWakeupBehindUnpublishedCancel(t *testing.T) {
+	w, clk := manualWheel(t, sw.WithShards(1))
+	var fired []string
+	note := func(name string) func() { return func() { fired = append(fired, name) } }
+
+	_, err := w.AfterFunc(time.Millisecond, note("C"))
+	require.NoError(t, err)
+	d, err := w.AfterFunc(time.Hour, note("D"))
+	require.NoError(t, err)
+
+	stopped, held := d.StopHeld() // 1.
+	require.True(t, stopped)
+	_, err = w.AfterFunc(5*time.Millisecond, note("B")) // 2.
+	require.NoError(t, err)
+	clk.Advance(time.Millisecond) // 3.
+	require.Equal(t, []string{"C"}, fired)
+	held.Publish() // 4.
+
+	clk.Advance(4 * time.Millisecond)
+	require.Equal(t, []string{"C", "B"}, fired, "B is due at 5 ms and must have fired")
+	clk.Advance(24 * time.Hour)
+	require.Equal(t, []string{"C", "B"}, fired)
+	require.Zero(t, w.Len())
+	require.NoError(t, w.Verify())
 }
 
-// TestWheelCascade inserts deadlines across every level and beyond the top, advances in random
-// steps, and checks that each entry fires exactly once, at its own tick (never before, and never
-// after the tick of the advance that passed it), in deadline order, with the wheel's invariants
-// holding after every step.
-func TestWheelCascade(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	for round := 0; round < 20; round++ {
-		start := rng.Int64N(1 << 40)
-		tw := sw.NewTestWheel(start)
-		want := map[int]int64{}
-		n := 2000
-		for id := 0; id < n; id++ {
-			// Spread deadlines over every level: a random level, then a random offset in it.
-			level := rng.IntN(sw.NumLevels + 1)
-			span := levelWidth(level) * sw.NumSlots
-			if level == sw.NumLevels {
-				span = 1 << 45
-			}
-			when := start + rng.Int64N(span)
-			tw.Insert(id, when)
-			want[id] = when
-		}
-		require.NoError(t, tw.Verify())
-		require.Equal(t, n, tw.Len())
+// TestLostWakeupHeldNeverEarly: the same pause, with no earlier timer; the drain stalls on the
+// held cancel, whose publish then kicks the shard. The kick makes the next Advance drain the
+// ring and nothing more: B still fires at its deadline, not earlier.
+func TestLostWakeupHeldNeverEarly(t *testing.T) {
+	w, clk := manualWheel(t, sw.WithShards(1))
+	var fired []string
+	note := func(name string) func() { return func() { fired = append(fired, name) } }
 
-		now := start
-		for tw.Len() > 0 {
-			// Jump to just before, at, or past the next due bucket.
-			next := tw.NextDue()
-			require.GreaterOrEqual(t, next, now)
-			switch rng.IntN(3) {
-			case 0:
-				now = next
-			case 1:
-				now = next + rng.Int64N(100)
-			default:
-				now += rng.Int64N(1 << uint(rng.IntN(40)))
-			}
-			before := len(tw.Fired)
-			tw.Advance(now)
-			require.Equal(t, now, tw.Elapsed())
-			require.NoError(t, tw.Verify())
-			for _, f := range tw.Fired[before:] {
-				require.Equal(t, want[f.ID], f.When)
-				require.Equal(t, f.When, f.At, "entry %d fired at tick %d, due %d", f.ID, f.At, f.When)
-				require.LessOrEqual(t, f.When, now)
-			}
-			// Whatever is left is due after now.
-			if tw.Len() > 0 {
-				require.Greater(t, tw.NextDue(), now)
-			}
-		}
-		require.Len(t, tw.Fired, n)
-		seen := map[int]bool{}
-		for i, f := range tw.Fired {
-			require.False(t, seen[f.ID], "entry %d fired twice", f.ID)
-			seen[f.ID] = true
-			if i > 0 {
-				require.LessOrEqual(t, tw.Fired[i-1].When, f.When, "fired out of deadline order")
-			}
-		}
-		require.Zero(t, tw.Len(), "entries left")
-	}
-}
-
-// TestWheelUnlinkAndMove checks O(1) unlink and re-link: bitmaps and buckets agree after each,
-// unlinked entries never fire and moved ones fire at their new tick.
-func TestWheelUnlinkAndMove(t *testing.T) {
-	rng := rand.New(rand.NewPCG(7, 8))
-	tw := sw.NewTestWheel(0)
-	want := map[int]int64{}
-	for id := 0; id < 5000; id++ {
-		when := rng.Int64N(1 << 30)
-		tw.Insert(id, when)
-		want[id] = when
-	}
-	for id := 0; id < 5000; id += 3 {
-		tw.Unlink(id)
-		delete(want, id)
-		require.NoError(t, tw.Verify())
-	}
-	for id := 1; id < 5000; id += 3 {
-		when := rng.Int64N(1 << 30)
-		tw.Move(id, when)
-		want[id] = when
-	}
-	require.NoError(t, tw.Verify())
-	tw.Advance(1 << 31)
-	require.NoError(t, tw.Verify())
-	require.Len(t, tw.Fired, len(want))
-	for _, f := range tw.Fired {
-		require.Equal(t, want[f.ID], f.When)
-		require.Equal(t, f.When, f.At)
-	}
-	for l := 0; l <= sw.NumLevels; l++ {
-		require.Zero(t, tw.Occupied(l), "level %d bitmap after the wheel emptied", l)
-	}
-}
-
-// TestWheelOverflow parks deadlines far beyond the top level, up to the end of time, and checks
-// that they re-cascade and fire at their exact tick, each in a handful of advances (no empty
-// ticks), and that one already due goes to the bucket of elapsed.
-func TestWheelOverflow(t *testing.T) {
-	tw := sw.NewTestWheel(0)
-	far := []int64{sw.WheelSpan, sw.WheelSpan + 1, 5*sw.WheelSpan + 12345, 1 << 50, math.MaxInt64 - 1, math.MaxInt64}
-	for id, when := range far {
-		tw.Insert(id, when)
-		require.Equal(t, sw.Overflow, tw.Level(id))
-	}
-	require.NoError(t, tw.Verify())
-	steps := 0
-	for tw.Len() > 0 {
-		tw.Advance(tw.NextDue())
-		require.NoError(t, tw.Verify())
-		steps++
-	}
-	require.Len(t, tw.Fired, len(far))
-	for i, f := range tw.Fired {
-		require.Equal(t, far[i], f.When)
-		require.Equal(t, f.When, f.At)
-	}
-	// Each step is one visit of a due bucket: a few per entry, not one per tick or per era.
-	require.Less(t, steps, 20*len(far))
-
-	// A deadline before elapsed (its command waited in a ring) fires at the next advance.
-	tw.Insert(100, 5)
-	require.NoError(t, tw.Verify())
-	tw.Advance(tw.Elapsed())
-	require.Equal(t, 100, tw.Fired[len(tw.Fired)-1].ID)
-}
-
-// TestWheelBitmapMatchesSlots fills random slots and checks the bitmaps bit by bit.
-func TestWheelBitmapMatchesSlots(t *testing.T) {
-	tw := sw.NewTestWheel(0)
-	var want [sw.NumLevels + 1]uint64
-	for level := 0; level < sw.NumLevels; level++ {
-		for _, slot := range []int{1, 2, 17, 63} {
-			id := level*100 + slot
-			tw.Insert(id, int64(slot)<<(uint(level)*sw.SlotBits))
-			want[level] |= 1 << uint(slot)
-		}
-	}
-	for level := range want {
-		require.Equal(t, want[level], tw.Occupied(level), "level %d", level)
-	}
-	require.NoError(t, tw.Verify())
+	d, err := w.AfterFunc(time.Hour, note("D"))
+	require.NoError(t, err)
+	stopped, held := d.StopHeld()
+	require.True(t, stopped)
+	_, err = w.AfterFunc(5*time.Millisecond, note("B"))
+	require.NoError(t, err)
+	clk.Advance(time.Millisecond) // the drain stalls on the held cancel
+	held.Publish()                // kicks the shard
+	clk.Advance(3 * time.Millisecond)
+	require.Empty(t, fired, "the kick drains the ring; B is not due before 5 ms")
+	clk.Advance(time.Millisecond)
+	require.Equal(t, []string{"B"}, fired)
 }
 
 // TestLayout pins the sizes that the memory and false-sharing claims rest on.
@@ -217,78 +117,29 @@ func TestLayout(t *testing.T) {
 	require.Zero(t, (sw.ShardSize+sw.MallocHeaderSize)%line, "a shard ends on a line")
 }
 
-// TestWheelExactDeadlines: with a tick wider than a nanosecond, deadlines inside one tick fire at
-// their own instant, not at the tick's end. Entries are spread over a few hundred ticks, several per
-// tick; the wheel is advanced to readings inside ticks, in budgeted steps of random size, with
-// entries unlinked on the way (stragglers among them). Every firing is at or after its deadline;
-// after each completed advance nothing due is left; the wheel's next wake is never later than the
-// earliest pending deadline (rounded up to the grain); each entry fires once; the invariants hold
-// after every step.
-func TestWheelExactDeadlines(t *testing.T) {
-	const tick = 1000
-	for _, grain := range []int64{1, 64} {
-		rng := rand.New(rand.NewPCG(11, uint64(grain)))
-		for round := 0; round < 30; round++ {
-			start := rng.Int64N(1 << 30)
-			tw := sw.NewTestWheelTick(start, tick, grain)
-			pending := map[int]int64{}
-			n := 500
-			for id := 0; id < n; id++ {
-				when := start*tick + rng.Int64N(300*tick)
-				if id%5 == 0 {
-					when = start*tick + rng.Int64N(2*tick) // crowd the first ticks
-				}
-				tw.Insert(id, when)
-				pending[id] = when
-			}
-			require.NoError(t, tw.Verify())
-			now := start * tick
-			fired := map[int]bool{}
-			for len(pending) > 0 {
-				switch rng.IntN(4) {
-				case 0:
-					now = max(now, tw.NextDue())
-				case 1:
-					now = max(now, tw.NextDue()+rng.Int64N(tick))
-				default:
-					now += rng.Int64N(3 * tick)
-				}
-				budget := []int{0, 1, 3, 50}[rng.IntN(4)]
-				for {
-					before := len(tw.Fired)
-					done := tw.AdvanceBudget(now, budget)
-					require.NoError(t, tw.Verify())
-					for _, f := range tw.Fired[before:] {
-						require.False(t, fired[f.ID], "entry %d fired twice", f.ID)
-						fired[f.ID] = true
-						require.Equal(t, pending[f.ID], f.When)
-						require.LessOrEqual(t, f.When, f.Now, "entry %d fired early", f.ID)
-						delete(pending, f.ID)
-					}
-					if done {
-						break
-					}
-				}
-				first := int64(math.MaxInt64)
-				for id, when := range pending {
-					require.Greater(t, when, now, "entry %d due at %d left after an advance to %d", id, when, now)
-					first = min(first, when)
-				}
-				if len(pending) > 0 {
-					next := tw.NextDue()
-					require.Greater(t, next, now)
-					require.LessOrEqual(t, next, (first+grain-1)/grain*grain, "the next wake is after the earliest deadline")
-				}
-				// Unlink a few pending entries: some are stragglers in a soon bucket by now.
-				for id := range pending {
-					if rng.IntN(8) == 0 {
-						tw.Unlink(id)
-						delete(pending, id)
-					}
-				}
-				require.NoError(t, tw.Verify())
-			}
-			require.Zero(t, tw.Len())
+// TestShardAlignment checks, at the real addresses, that every shard's producer line (the ring's
+// tail), slab line and owner line each start a cache line: the false-sharing claims of shard.go
+// rest on it, and the allocator's header (mallocHeaderSize) moves objects by 8 bytes.
+func TestShardAlignment(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 7, 16, 64} {
+		w, _ := manualWheel(t, sw.WithShards(n))
+		producer, slab, owner := w.ShardLineAddrs()
+		require.Len(t, producer, n)
+		for i := range producer {
+			require.Zero(t, producer[i]%sw.CacheLineSize, "shards=%d: shard %d's producer line at %#x", n, i, producer[i])
+			require.Zero(t, slab[i]%sw.CacheLineSize, "shards=%d: shard %d's slab line at %#x", n, i, slab[i])
+			require.Zero(t, owner[i]%sw.CacheLineSize, "shards=%d: shard %d's owner line at %#x", n, i, owner[i])
 		}
+	}
+}
+
+// TestTargetOffIdleLine checks, at the real addresses, that the keeper's target, which every arm
+// reads (overdue), does not share a cache line with the idle count, which every worker writes at
+// each idle spell (shardwheel.go).
+func TestTargetOffIdleLine(t *testing.T) {
+	for range 8 {
+		w, _ := manualWheel(t)
+		target, idle := w.TargetIdleAddrs()
+		require.NotEqual(t, target/sw.CacheLineSize, idle/sw.CacheLineSize, "target at %#x, idle at %#x", target, idle)
 	}
 }

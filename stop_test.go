@@ -1,15 +1,18 @@
 package shardwheel_test
 
 import (
+	"fmt"
+	"math"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	sw "github.com/shardwheel/shardwheel"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-
-	sw "github.com/shardwheel/shardwheel"
 )
 
 // Wheel.Stop: from outside a callback it waits for every callback and goroutine; from inside one
@@ -376,4 +379,421 @@ func TestStopQueuedCountsWhatWaitsBehindABlockedCallback(t *testing.T) {
 			requireBalance(t, w)
 		})
 	}
+}
+
+func TestUseAfterStop(t *testing.T) {
+	w, clk := manualWheel(t)
+	var fired atomic.Int32
+	tm, err := w.AfterFunc(time.Second, func() { fired.Add(1) })
+	require.NoError(t, err)
+	_, err = w.Every(time.Second, func() { fired.Add(1) })
+	require.NoError(t, err)
+	require.Equal(t, 2, w.Len())
+	require.Equal(t, 2, w.Stop())
+	require.Zero(t, w.Stop(), "later calls return 0")
+	require.Zero(t, w.Len())
+	_, err = w.AfterFunc(time.Second, func() {})
+	require.ErrorIs(t, err, sw.ErrClosed)
+	_, err = w.AfterFuncArg(time.Second, func(any) {}, nil)
+	require.ErrorIs(t, err, sw.ErrClosed)
+	_, err = w.Every(time.Second, func() {})
+	require.ErrorIs(t, err, sw.ErrClosed)
+	require.False(t, tm.Stop(), "a timer counted by Wheel.Stop cannot also be stopped")
+	require.False(t, tm.Reset(time.Second))
+	clk.Advance(time.Hour)
+	require.Zero(t, fired.Load(), "pending timers never fire after Stop")
+	s := w.Stats()
+	require.Equal(t, uint64(2), s.Dropped)
+	require.Equal(t, uint64(3), s.Rejected)
+	requireBalance(t, w)
+}
+
+func TestConcurrentStop(t *testing.T) {
+	w, err := sw.New()
+	require.NoError(t, err)
+	for i := 0; i < 1000; i++ {
+		_, err := w.AfterFunc(time.Hour, func() {})
+		require.NoError(t, err)
+	}
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			total.Add(int64(w.Stop()))
+		}()
+	}
+	wg.Wait()
+	require.EqualValues(t, 1000, total.Load(), "exactly one Stop reports the pending timers")
+}
+
+func TestStopFromCallback(t *testing.T) {
+	for _, workers := range []int{1, 3} {
+		w, err := sw.New(sw.WithWorkers(workers))
+		require.NoError(t, err)
+		res := make(chan int, 1)
+		// The hour-long timer is armed first, so that it is pending whenever the callback runs.
+		_, err = w.AfterFunc(time.Hour, func() {})
+		require.NoError(t, err)
+		_, err = w.AfterFunc(time.Millisecond, func() { res <- w.Stop() })
+		require.NoError(t, err)
+		require.Equal(t, 1, <-res, "Stop inside a callback does not wait for itself")
+		require.Zero(t, w.Stop(), "a later Stop waits for the first and returns 0")
+	}
+}
+
+// TestFaultStopWhileHammered: Wheel.Stop while producers schedule and stop as fast as they can.
+// Calls that got ErrClosed were not accepted; every accepted timer ran, was stopped, or was
+// counted by Wheel.Stop; and no callback starts after Wheel.Stop returned.
+func TestFaultStopWhileHammered(t *testing.T) {
+	const capIDs = 1 << 19
+	target := int64(40_000)
+	if testing.Short() {
+		target = 10_000
+	}
+	w, err := sw.New(sw.WithShards(2), sw.WithWorkers(2), sw.WithRingSize(64))
+	require.NoError(t, err)
+	defer w.Stop()
+	book := newFltBook(capIDs)
+	var nextID, stoppedTrue, closedErrs atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 6; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 3))
+			delays := []time.Duration{0, 50 * time.Microsecond, time.Millisecond, time.Hour}
+			var prev sw.Timer
+			prevID := -1
+			for {
+				id := int(nextID.Add(1) - 1)
+				if id >= capIDs {
+					return
+				}
+				tm, err := w.AfterFuncArg(delays[rng.IntN(len(delays))], func(a any) { book.ran(a.(int)) }, id)
+				if err != nil {
+					assert.ErrorIs(t, err, sw.ErrClosed)
+					closedErrs.Add(1)
+					book.stop(id) // not accepted: mark it so that the check does not count it as dropped
+					return
+				}
+				if rng.IntN(3) == 0 && prevID >= 0 && prev.Stop() {
+					book.stop(prevID)
+					stoppedTrue.Add(1)
+				}
+				prev, prevID = tm, id
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return nextID.Load() >= target }, fltPatience, time.Millisecond)
+	dropped := w.Stop()
+	ranAtStop, _ := book.totals(capIDs)
+	wg.Wait()
+	ids := int(min(nextID.Load(), capIDs))
+	ranAfter, _ := book.totals(capIDs)
+	require.Equal(t, ranAtStop, ranAfter, "callbacks started after Wheel.Stop returned")
+	rejected := int(closedErrs.Load())
+	accepted := ids - rejected
+	require.Positive(t, rejected, "every producer ends on ErrClosed")
+	book.check(t, ids, dropped)
+	s := int(stoppedTrue.Load())
+	require.Equal(t, accepted, ranAfter+s+dropped)
+	fltBalance(t, w, accepted, ranAfter, s, dropped)
+	t.Logf("accepted %d: fired %d, stopped %d, dropped by Wheel.Stop %d; rejected %d", accepted, ranAfter, s, dropped, rejected)
+}
+
+// TestFaultStopInsideCallback: Wheel.Stop called from a callback returns at once (no deadlock),
+// waiting for no other callback, also one that waits for that Stop to return, and every timer is
+// accounted for.
+func TestFaultStopInsideCallback(t *testing.T) {
+	for _, workers := range []int{0, 1, 4} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			clock := sw.NewManualClock(time.Unix(0, 0))
+			opts := []sw.Option{sw.WithWorkers(workers), sw.WithShards(2)}
+			if workers == 0 {
+				opts = append(opts, sw.WithClock(clock))
+			}
+			w, err := sw.New(opts...)
+			require.NoError(t, err)
+			defer w.Stop()
+
+			const far, near = 50, 30
+			n := far + near + 2
+			book := newFltBook(n)
+			for i := 0; i < far; i++ { // pending at Stop: dropped
+				_, err := w.AfterFuncArg(time.Hour, func(a any) { book.ran(a.(int)) }, i)
+				require.NoError(t, err)
+			}
+			for i := far; i < far+near; i++ { // due with the stopper, or just after
+				_, err := w.AfterFuncArg(time.Duration(i%3)*time.Millisecond, func(a any) { book.ran(a.(int)) }, i)
+				require.NoError(t, err)
+			}
+			// B, with several workers: a callback running on another worker that waits for A's
+			// Stop to return. B is due a tick before A, so that it travels in an earlier batch and
+			// never in the same task as A.
+			bID, aID := n-2, n-1
+			bStarted, aStopped := make(chan struct{}), make(chan struct{})
+			if workers > 1 {
+				_, err = w.AfterFunc(0, func() {
+					close(bStarted)
+					<-aStopped
+					book.ran(bID)
+				})
+				require.NoError(t, err)
+			} else {
+				close(bStarted)
+				book.stop(bID) // not scheduled: out of the count
+			}
+			type result struct {
+				n, again  int
+				errClosed error
+			}
+			res := make(chan result, 1)
+			_, err = w.AfterFunc(time.Millisecond, func() {
+				book.ran(aID)
+				<-bStarted
+				var r result
+				r.n = w.Stop()
+				close(aStopped)
+				r.again = w.Stop()
+				_, r.errClosed = w.AfterFunc(0, func() {})
+				res <- r
+			})
+			require.NoError(t, err)
+			scheduled := n
+			if workers <= 1 {
+				scheduled--
+			}
+
+			if workers == 0 {
+				advanced := make(chan struct{})
+				go func() { clock.Advance(2 * time.Hour); close(advanced) }()
+				select {
+				case <-advanced:
+				case <-time.After(fltPatience):
+					t.Fatal("Advance did not return: Wheel.Stop inside a callback deadlocked")
+				}
+			}
+			var r result
+			select {
+			case r = <-res:
+			case <-time.After(fltPatience):
+				t.Fatal("Wheel.Stop inside a callback deadlocked")
+			}
+			assert.Equal(t, 0, r.again, "a second Stop returns 0")
+			assert.ErrorIs(t, r.errClosed, sw.ErrClosed)
+			assert.GreaterOrEqual(t, r.n, far, "the hour-long timers are pending at Stop")
+			// The rest of the stopper's batch (and, with one worker, chunks queued behind it) may
+			// still run after its callback returns; wait for them, then account for everyone.
+			fltWaitQuiet(t, w, func() bool { ran, _ := book.totals(n); return ran+r.n == scheduled })
+			require.Equal(t, 0, w.Stop())
+			book.check(t, n, r.n)
+			ran, _ := book.totals(n)
+			fltBalance(t, w, scheduled, ran, 0, r.n)
+		})
+	}
+}
+
+// TestFaultStopInsideCallerRunsCallback: under CallerRuns, a callback that the dispatching
+// goroutine (here the caller of ManualClock.Advance) runs itself, because the queue is full,
+// calls Wheel.Stop while the rest of its batch still waits to be dispatched. Stop must return,
+// the dispatcher must not panic, and every timer must be accounted for once (the rest of the
+// batch runs after that callback returns, as Wheel.Stop's doc says).
+func TestFaultStopInsideCallerRunsCallback(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(1), sw.WithQueueSize(1),
+		sw.WithFullPolicy(sw.CallerRuns), sw.WithShards(1))
+	require.NoError(t, err)
+	defer w.Stop()
+	const n = 100
+	book := newFltBook(n)
+	gate := make(chan struct{})
+	var caller atomic.Int64
+	var once sync.Once
+	stopped := make(chan int, 1)
+	for i := 0; i < n; i++ {
+		_, err := w.AfterFunc(time.Millisecond, func() {
+			book.ran(i)
+			if fltGoid() != caller.Load() {
+				<-gate // the worker holds on, so that the queue stays full
+				return
+			}
+			once.Do(func() {
+				close(gate)
+				stopped <- w.Stop()
+			})
+		})
+		require.NoError(t, err)
+	}
+	panicked := make(chan any, 1)
+	go func() {
+		defer func() { panicked <- recover() }()
+		caller.Store(fltGoid())
+		clock.Advance(time.Millisecond)
+	}()
+	var p any
+	select {
+	case p = <-panicked:
+	case <-time.After(fltPatience):
+		t.Fatal("Advance did not return")
+	}
+	require.Nil(t, p, "ManualClock.Advance panicked after a caller-run callback stopped the wheel")
+	dropped := <-stopped
+	require.Equal(t, 0, dropped, "all %d timers were due and dispatched together", n)
+	fltWaitQuiet(t, w, func() bool { r, _ := book.totals(n); return r == n })
+	book.check(t, n, 0)
+	fltBalance(t, w, n, n, 0, 0)
+}
+
+// TestStopFromCallbackWhileStopping (found by review): API.md says Stop is safe from several goroutines and,
+// from inside a callback, does not deadlock. Here another goroutine's Stop is under way (it waits
+// for the workers to exit) when a running callback calls Stop too: the callback's Stop waits in
+// the first Stop, which waits for the callback's worker: a later Stop on a worker returns at once.
+func TestStopFromCallbackWhileStopping(t *testing.T) {
+	w, err := sw.New(sw.WithWorkers(2), sw.WithShards(1))
+	require.NoError(t, err)
+	started := make(chan struct{})
+	_, err = w.AfterFunc(0, func() {
+		close(started)
+		time.Sleep(50 * time.Millisecond) // the other Stop is waiting for this worker by now
+		w.Stop()
+	})
+	require.NoError(t, err)
+	<-started
+	done := make(chan struct{})
+	go func() { w.Stop(); close(done) }()
+	within(t, done, "deadlock: Stop waits for the worker, whose callback waits for the first for that Stop")
+}
+
+// TestStopFromTwoCallbacks (found by review): two callbacks on two workers call Stop at about
+// the same time; neither waits for the other's worker.
+func TestStopFromTwoCallbacks(t *testing.T) {
+	w, err := sw.New(sw.WithWorkers(2), sw.WithShards(2))
+	require.NoError(t, err)
+	gate := make(chan struct{})
+	in := make(chan struct{}, 2)
+	out := make(chan struct{}, 2)
+	for i := 0; i < 2; i++ {
+		// The second is armed once the first runs: its worker let go of the keeper role and
+		// of the shard's claim, so the other worker runs the second.
+		_, err = w.AfterFunc(0, func() {
+			in <- struct{}{}
+			<-gate // both callbacks are running, one on each worker
+			w.Stop()
+			out <- struct{}{}
+		})
+		require.NoError(t, err)
+		<-in
+	}
+	close(gate)
+	for i := 0; i < 2; i++ {
+		within(t, out, "deadlock: the first Stop waits for the other worker, whose Stop waits for the first")
+	}
+}
+
+// TestManualClockStopFromCallbackDeadlock (found by review): API.md says Stop called from inside a callback
+// waits for every other callback but not for its own, "no deadlock". With a manual clock, one
+// worker and the Block policy, the Advance caller holds advMu while it dispatches; the worker's
+// callback calls Stop, which waits for advMu; the Advance caller waits for room in the queue,
+// which only that worker would make.
+func TestManualClockStopFromCallbackDeadlock(t *testing.T) {
+	w, clk := blockingManualWheel(t)
+	first := true
+	for i := 0; i < 4; i++ {
+		_, err := w.AfterFunc(time.Millisecond, func() {
+			if first { // only the one worker runs callbacks
+				first = false
+				w.Stop()
+			}
+		})
+		require.NoError(t, err)
+	}
+	done := make(chan struct{})
+	go func() { clk.Advance(time.Millisecond); close(done) }()
+	within(t, done, "deadlock: Advance blocks on the full queue, the only worker blocks in Stop on advMu")
+}
+
+// TestStopCountWithEveryAfterIt: one callback stops the wheel; an Every's first run fired in the
+// same round, on the same goroutine, and runs before or after the Stop (in either order). The
+// Every's run happens once, its series ends, and Stop's count equals Stats.Dropped with the
+// books balanced; a second Stop returns 0.
+func TestStopCountWithEveryAfterIt(t *testing.T) {
+	for _, stopFirst := range []bool{true, false} {
+		clock := sw.NewManualClock(time.Unix(0, 0))
+		w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithShards(1))
+		require.NoError(t, err)
+		got, runs := -1, 0
+		stopAt, everyAt := 900*time.Microsecond, time.Millisecond
+		if !stopFirst {
+			stopAt, everyAt = 1100*time.Microsecond, 900*time.Microsecond
+		}
+		_, err = w.AfterFunc(stopAt, func() { got = w.Stop() })
+		require.NoError(t, err)
+		_, err = w.Every(everyAt, func() { runs++ })
+		require.NoError(t, err)
+		for range 3 {
+			_, err = w.AfterFunc(time.Hour, func() { t.Error("a dropped timer ran") })
+			require.NoError(t, err)
+		}
+		clock.Advance(2 * time.Millisecond)
+		require.Equal(t, 1, runs, "stopFirst=%v: the Every's fired run runs once, and no other", stopFirst)
+		require.Zero(t, w.Stop())
+		st := w.Stats()
+		require.EqualValues(t, got, st.Dropped, "stopFirst=%v: %+v", stopFirst, st)
+		require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped, "stopFirst=%v: %+v", stopFirst, st)
+		want := 3 // the three an hour out
+		if !stopFirst {
+			want++ // the series' next run, re-armed before the Stop
+		}
+		require.Equal(t, want, got, "stopFirst=%v", stopFirst)
+	}
+}
+
+// TestStopCountEveryAtEndOfTime: a series that ends at the end of a manual clock's time was not
+// pending at any Stop: Dropped stays 0, the books balance, and Stop returns 0.
+func TestStopCountEveryAtEndOfTime(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0))
+	require.NoError(t, err)
+	runs := 0
+	_, err = w.Every(time.Hour, func() { runs++ })
+	require.NoError(t, err)
+	clock.Advance(math.MaxInt64)
+	require.Equal(t, 1, runs)
+	st := w.Stats()
+	require.Zero(t, st.Pending)
+	require.Zero(t, st.Dropped)
+	require.Equal(t, st.Scheduled, st.Fired+st.Stopped, "%+v", st)
+	require.Zero(t, w.Stop())
+}
+
+// TestStopFromCallbackThenStopFiredTimer: a callback stops the wheel and then stops a timer that
+// fired in the same batch and has not started. Wheel.Stop does not count it (it was no longer
+// pending); Timer.Stop reports true and the callback never runs (Timer.Stop's doc): the timer
+// ends in exactly one of the three ways, and the books balance.
+func TestStopFromCallbackThenStopFiredTimer(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithShards(1))
+	require.NoError(t, err)
+	var second sw.Timer
+	got, stopped, ran := -1, false, 0
+	_, err = w.AfterFunc(500*time.Microsecond, func() {
+		ran++
+		got = w.Stop()
+		stopped = second.Stop()
+	})
+	require.NoError(t, err)
+	second, err = w.AfterFunc(900*time.Microsecond, func() { ran++ })
+	require.NoError(t, err)
+	clock.Advance(time.Millisecond)
+	require.Zero(t, got, "the second timer had fired: Stop does not count it as pending")
+	require.True(t, stopped, "the fired timer had not started: its Stop prevents it")
+	require.Equal(t, 1, ran, "only the first callback ran")
+	require.False(t, second.Stop())
+	st := w.Stats()
+	require.Equal(t, uint64(2), st.Scheduled)
+	require.Equal(t, uint64(1), st.Fired)
+	require.Equal(t, uint64(1), st.Stopped)
+	require.Zero(t, st.Dropped)
 }

@@ -1,27 +1,17 @@
 package shardwheel
 
 import (
+	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
-
-// Review 28: runtime.Goexit in callbacks (223771d), the end of a manual clock's time (8787e36),
-// and Stop's count and finish from a callback (0b3e5ba).
-
-// review28Balance asserts the quiet balance of a stopped wheel and that what Stop returned in
-// total is Dropped.
-func review28Balance(t *testing.T, w *Wheel, stopReturned int) {
-	t.Helper()
-	st := w.Stats()
-	require.Equal(t, uint64(stopReturned), st.Dropped, "Dropped is the sum of what Stop returned")
-	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending),
-		"Scheduled == Fired + Stopped + Dropped + Pending: %+v", st)
-	require.Equal(t, st.Fired, st.Lateness.Count())
-}
 
 // TestReview28GoexitCallerRunsChunkLosesBatch (bug): with workers and a manual clock, dispatch
 // (workers.go:150-169) cuts the batch into chunks and runs a chunk the queue has no room for on
@@ -77,42 +67,6 @@ func TestReview28GoexitCallerRunsChunkLosesBatch(t *testing.T) {
 	require.Equal(t, int32(2), ran.Load(), "the callback that fired with the one that called Goexit never ran (Len %d)", w.Len())
 	n := w.Stop()
 	review28Balance(t, w, n)
-}
-
-// TestStopOnOnlyWorkerQueuedCallbackStillRuns: with a manual clock and one worker, a callback on
-// that worker calls Stop while another callback, taken from the wheel, waits in the queue. Stop
-// returns at once; the queued callback still runs once, on that worker, after it.
-func TestStopOnOnlyWorkerQueuedCallbackStillRuns(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	// taskCap = 1: the batch of two is two tasks; Block waits for room for the second.
-	w, err := New(WithClock(clock), WithShards(1), WithWorkers(1), WithQueueSize(1))
-	require.NoError(t, err)
-	defer w.Stop()
-	var first atomic.Bool
-	var otherRan atomic.Int32
-	stopped := make(chan struct{})
-	cb := func() {
-		if !first.CompareAndSwap(false, true) {
-			otherRan.Add(1)
-			return
-		}
-		// Wait until the other one is in the queue (the Advance queues it once this task was taken).
-		for len(w.pool.queue) == 0 {
-			time.Sleep(time.Millisecond)
-		}
-		require.Zero(t, w.Stop(), "nothing was pending: both had fired")
-		require.Equal(t, 1, w.Stats().Queued, "the other callback waits in the queue")
-		close(stopped)
-	}
-	for range 2 {
-		_, err = w.AfterFunc(time.Millisecond, cb)
-		require.NoError(t, err)
-	}
-	clock.Advance(time.Millisecond)
-	<-stopped
-	w.Stop()
-	require.Equal(t, int32(1), otherRan.Load(), "the queued callback ran once before the outside Stop returned")
-	review28Balance(t, w, 0)
 }
 
 // TestReview28GoexitInPanicHandler (pin): a panic handler that calls runtime.Goexit (t.FailNow
@@ -252,99 +206,6 @@ func TestReview28GoexitUnderWorkersAdvance(t *testing.T) {
 	review28Balance(t, w, got)
 }
 
-// TestReview28StopDropsRunsOfBothSlots (pin): an Every A runs on the only worker; its f calls
-// Advance, which makes the worker the advancer, and the queue being full, a second Every B runs
-// on it too, in the shared slot (dispatch, CallerRuns). B's f stops the wheel. Both series have
-// a run in progress on Stop's own goroutine, in two slots: dropOwnRuns (shardwheel.go:390-406)
-// drops the next run of each, so Stop returns them with the three pending timers, that is
-// Stats.Dropped, and the books balance.
-func TestReview28StopDropsRunsOfBothSlots(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	w, err := New(WithClock(clock), WithShards(1), WithWorkers(1), WithQueueSize(1), WithFullPolicy(CallerRuns))
-	require.NoError(t, err)
-	defer w.Stop()
-	for range 3 {
-		_, err = w.AfterFunc(time.Hour, func() { t.Error("a dropped timer ran") })
-		require.NoError(t, err)
-	}
-	goOn := make(chan struct{})
-	got, bRuns, aRuns := -1, 0, 0
-	var yRan atomic.Int32
-	aDone := make(chan struct{})
-	_, err = w.Every(10*time.Millisecond, func() {
-		aRuns++
-		defer close(aDone)
-		<-goOn // the test's Advance has let go of the clock
-		if _, err := w.AfterFunc(0, func() { yRan.Add(1) }); err != nil {
-			panic(err)
-		}
-		clock.Advance(0) // into the queue, which is then full
-		if _, err := w.Every(time.Millisecond, func() {
-			bRuns++
-			got = w.Stop()
-		}); err != nil {
-			panic(err)
-		}
-		clock.Advance(time.Millisecond) // B is due: it runs here
-	})
-	require.NoError(t, err)
-	clock.Advance(10 * time.Millisecond)
-	close(goOn)
-	<-aDone
-	require.Eventually(t, func() bool { return yRan.Load() == 1 }, 5*time.Second, time.Millisecond)
-	require.Equal(t, 1, aRuns)
-	require.Equal(t, 1, bRuns)
-	require.Equal(t, 5, got, "three pending, and the next run of A and of B")
-	require.Zero(t, w.Stop())
-	review28Balance(t, w, got)
-}
-
-// TestReview28EveryRunAfterStopUncounted (pin): an Every's run fired before Stop and waiting in
-// the queue starts once Stop has begun, on the other worker, which Stop waits for. It runs (it
-// was handed to the pool), and its next run, which was never pending, is not in what Stop returns
-// (runPeriodic, every.go:87-89): Stop returns the two pending timers, which is Stats.Dropped.
-func TestReview28EveryRunAfterStopUncounted(t *testing.T) {
-	clock := NewManualClock(time.Unix(0, 0))
-	w, err := New(WithClock(clock), WithShards(1), WithWorkers(2), WithQueueSize(1))
-	require.NoError(t, err)
-	defer w.Stop()
-	for range 2 {
-		_, err = w.AfterFunc(time.Hour, func() { t.Error("a dropped timer ran") })
-		require.NoError(t, err)
-	}
-	// X holds one worker until Stop has begun.
-	xStarted := make(chan struct{})
-	_, err = w.AfterFunc(0, func() {
-		close(xStarted)
-		for !w.closed.Load() {
-			time.Sleep(time.Millisecond)
-		}
-	})
-	require.NoError(t, err)
-	clock.Advance(0)
-	<-xStarted
-
-	var eRuns atomic.Int32
-	got := -1
-	stopped := make(chan struct{})
-	_, err = w.AfterFunc(9*time.Millisecond, func() { // a round before E's
-		for len(w.pool.queue) == 0 { // E's first run is queued behind this one
-			time.Sleep(time.Millisecond)
-		}
-		got = w.Stop()
-		close(stopped)
-	})
-	require.NoError(t, err)
-	e, err := w.Every(10*time.Millisecond, func() { eRuns.Add(1) })
-	require.NoError(t, err)
-	clock.Advance(10 * time.Millisecond)
-	<-stopped
-	require.Equal(t, int32(1), eRuns.Load(), "the queued run ran before Stop returned")
-	require.Equal(t, 2, got)
-	require.False(t, e.Stop())
-	review28Balance(t, w, got)
-}
-
 // TestReview28GoexitStopStorm (pin): on the system clock, callbacks (one-shot and Every) that
 // call runtime.Goexit or panic while a Stop from another goroutine begins. When Stop returns no
 // callback is in progress (each one's deferred call has run, also when it called Goexit) and
@@ -393,5 +254,132 @@ func TestReview28GoexitStopStorm(t *testing.T) {
 			"round %d: a worker goroutine outlived Stop", r)
 		require.Zero(t, late.Load(), "round %d: a callback started after Stop returned", r)
 		review28Balance(t, w, got)
+	}
+}
+
+// TestReview30DispatchGoexitTwice (pin): a batch of four chunks runs on the Advance caller (the
+// only worker busy, the queue full, CallerRuns). The first chunk's callback calls Goexit:
+// dispatch's deferred call (workers.go:153-157) runs batch[1:]; in it the third calls Goexit
+// too, and runFrom's deferred call runs the fourth. Each runs exactly once, none is lost, and
+// the clock is free afterwards (advanceManual's deferred call).
+func TestReview30DispatchGoexitTwice(t *testing.T) {
+	clock := NewManualClock(time.Unix(0, 0))
+	w, err := New(WithClock(clock), WithShards(1), WithWorkers(1), WithQueueSize(1), WithFullPolicy(CallerRuns))
+	require.NoError(t, err)
+	release, started := make(chan struct{}), make(chan struct{})
+	_, err = w.AfterFunc(0, func() { close(started); <-release })
+	require.NoError(t, err)
+	clock.Advance(0)
+	<-started
+	_, err = w.AfterFunc(0, func() { <-release })
+	require.NoError(t, err)
+	clock.Advance(0)
+	require.Equal(t, 1, len(w.pool.queue))
+
+	var runs [4]atomic.Int32
+	var order atomic.Int32
+	for i := range 4 {
+		_, err = w.AfterFunc(time.Millisecond, func() {
+			runs[i].Add(1)
+			if k := order.Add(1); k == 1 || k == 3 {
+				runtime.Goexit()
+			}
+		})
+		require.NoError(t, err)
+	}
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		clock.Advance(time.Millisecond)
+		t.Error("Advance returned: the Goexit did not end its goroutine")
+	}()
+	<-ended
+	for i := range runs {
+		require.Equal(t, int32(1), runs[i].Load(), "callback %d", i)
+	}
+	close(release)
+	fired := make(chan struct{})
+	_, err = w.AfterFunc(time.Millisecond, func() { close(fired) })
+	require.NoError(t, err)
+	clock.Advance(time.Millisecond)
+	select {
+	case <-fired:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the clock was not let go")
+	}
+	n := w.Stop()
+	require.Zero(t, n)
+	require.Zero(t, WorkerGoroutines(w))
+	review28Balance(t, w, n)
+}
+
+// TestReview36PinTinyQueueFloodBooks: floods that fire together on the system clock with a queue of
+// one callback (WithQueueSize(1): chunks of one, a channel of one), shares offered to idle
+// workers while some of the flood is stopped from outside and from its own callbacks, and an
+// Every that runs through it. Every timer runs once or has one Stop that reported true, and once
+// quiet the books balance: Queued is 0, Fired + Stopped == Scheduled, Lateness counts every start.
+func TestReview36PinTinyQueueFloodBooks(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	for _, workers := range []int{1, 3} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				w, err := New(WithWorkers(workers), WithShards(2), WithQueueSize(1), WithTick(time.Millisecond))
+				require.NoError(t, err)
+				defer w.Stop()
+				const n = 600
+				var (
+					runs  [n]atomic.Int32
+					stops [n]atomic.Bool
+					tmsMu sync.Mutex
+					tms   [n]Timer
+				)
+				var everyRuns atomic.Int32
+				ev, err := w.Every(time.Millisecond, func() { everyRuns.Add(1) })
+				require.NoError(t, err)
+				for i := range n {
+					tm, err := w.AfterFunc(time.Duration(i%3)*time.Millisecond, func() {
+						runs[i].Add(1)
+						if i%11 != 0 {
+							return
+						}
+						j := (i + 7) % n
+						tmsMu.Lock()
+						tj := tms[j]
+						tmsMu.Unlock()
+						if tj.Stop() { // a zero Timer (not armed yet) reports false
+							stops[j].Store(true)
+						}
+					})
+					require.NoError(t, err)
+					tmsMu.Lock()
+					tms[i] = tm
+					tmsMu.Unlock()
+				}
+				for i := 0; i < n; i += 13 {
+					tmsMu.Lock()
+					tm := tms[i]
+					tmsMu.Unlock()
+					if tm.Stop() {
+						stops[i].Store(true)
+					}
+				}
+				time.Sleep(10 * time.Millisecond)
+				require.True(t, ev.Stop())
+				synctest.Wait()
+				for i := range n {
+					if stops[i].Load() {
+						require.Zero(t, runs[i].Load(), "timer %d ran after its Stop reported true", i)
+					} else {
+						require.EqualValues(t, 1, runs[i].Load(), "runs of timer %d", i)
+					}
+				}
+				require.NotZero(t, everyRuns.Load())
+				st := w.Stats()
+				require.Zero(t, st.Queued, "%+v", st)
+				require.Zero(t, st.Pending, "%+v", st)
+				require.Equal(t, st.Scheduled, st.Fired+st.Stopped, "%+v", st)
+				require.Equal(t, st.Fired, st.Lateness.Count())
+			})
+		})
 	}
 }

@@ -10,47 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
-
-// Keyed.Move of a key whose timer came due while its callback has not decided (protocol step 3
-// in keyed.go), and the arming that fires before its Set installed it (step 2), each
-// interleaving pinned with goroutines paused at the hooks testHookKeyedArmed (a Set or Move
-// between arming a timer and installing it) and testHookKeyedExpire (a callback before its
-// decision).
-
-// pausePoint pauses the first goroutine that reaches it until release is closed; later ones
-// pass. The rig closes release when the test ends, so that a failed test does not hang.
-type pausePoint struct {
-	once             sync.Once
-	reached, release chan struct{}
-	releaseOnce      sync.Once
-}
-
-// unpause lets the paused goroutine go on (once; later calls do nothing).
-func (p *pausePoint) unpause() { p.releaseOnce.Do(func() { close(p.release) }) }
-
-func newPausePoint() *pausePoint {
-	return &pausePoint{reached: make(chan struct{}), release: make(chan struct{})}
-}
-
-func (p *pausePoint) pause() {
-	first := false
-	p.once.Do(func() { first = true })
-	if first {
-		close(p.reached)
-		<-p.release
-	}
-}
-
-// wait fails the test unless ch delivers within 5 s.
-func waitKeyed(t *testing.T, ch <-chan struct{}, why string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(5 * time.Second):
-		t.Fatal(why)
-	}
-}
 
 // keyedHookRig is a Keyed[string, int] on a manual clock with one shard and workers (two
 // unless told: one callback may be paused while another runs), that sends each fire to fired.
@@ -484,5 +445,158 @@ func TestKeyedMoveStormWhileFiring(t *testing.T) {
 			require.Equal(t, s.Scheduled, s.Fired+s.Stopped+s.Dropped+uint64(s.Pending), "stats %+v", s)
 			t.Logf("%d Sets, %d Moves true, %d by a new arming; %d fires", n, moves.Load(), slow.Load(), fires)
 		})
+	}
+}
+
+// TestReview29SetFiresInPlaceOfDecidingArming: the current arming's timer came due and its
+// callback is paused before its decision; a Set of the key (its in-place Reset fails) arms a new
+// arming due at once, which fires before the Set installed it. It fires in place of the current
+// arming, whose callback then finds itself displaced: one fire, with the Set's value, and the
+// Set's Compute leaves the key absent. Nothing is left armed or pending.
+func TestReview29SetFiresInPlaceOfDecidingArming(t *testing.T) {
+	r := newKeyedHookRig(t)
+	deciding := r.dueAndDeciding(t)
+	armed := r.pauseArmed()
+	set := make(chan error, 1)
+	go func() { set <- r.k.Set("k", 2, 0) }()
+	waitKeyed(t, armed.reached, "Set never armed its timer")
+	r.clk.Advance(0) // the Set's arming fires on the other worker, not installed
+	r.expectFire(t, "k=2")
+	require.Zero(t, r.k.Len(), "fired in place of the deciding arming: absent")
+	deciding.unpause() // the old callback decides: displaced
+	armed.unpause()
+	require.NoError(t, <-set)
+	require.Zero(t, r.k.Len(), "the Set's Compute found its arming fired: absent")
+	require.False(t, r.k.Move("k", time.Hour), "absent")
+	r.clk.Advance(time.Hour)
+	r.finish(t)
+}
+
+// TestReview29SetFiresInPlaceWhileMoveInstalls: a Move of a due key is paused between arming its
+// new timer b (b.prev = the due arming a) and installing it, while a Set's arming, due at once
+// and not installed either, fires in a's place. a is gone for good, so b, coming due too, does
+// not fire, and Move (ordered after the fire) reports false and stops b. One fire, the Set's.
+func TestReview29SetFiresInPlaceWhileMoveInstalls(t *testing.T) {
+	r := newKeyedHookRig(t, WithWorkers(3))
+	deciding := r.dueAndDeciding(t)
+	moveArmed := r.pauseArmed()
+	moved := r.move("k", time.Millisecond)
+	waitKeyed(t, moveArmed.reached, "Move never armed a new timer")
+	setArmed := newPausePoint()
+	r.pauses = append(r.pauses, setArmed)
+	testHookKeyedArmed = func(move bool) {
+		if !move {
+			setArmed.pause()
+		}
+	}
+	set := make(chan error, 1)
+	go func() { set <- r.k.Set("k", 2, 0) }()
+	waitKeyed(t, setArmed.reached, "Set never armed its timer")
+	r.clk.Advance(0) // the Set's arming fires in a's place
+	r.expectFire(t, "k=2")
+	testHookKeyedExpire = nil
+	r.clk.Advance(time.Millisecond) // b comes due: a is not current, b does nothing
+	require.Eventually(t, func() bool { return r.w.Len() == 0 }, 5*time.Second, time.Millisecond)
+	moveArmed.unpause()
+	require.False(t, <-moved, "the key fired before Move's decision: absent")
+	setArmed.unpause()
+	require.NoError(t, <-set)
+	deciding.unpause()
+	r.clk.Advance(time.Hour)
+	r.finish(t)
+}
+
+// TestReview29MoveDuringWheelStop: a Move of a due key while Wheel.Stop is in progress. The
+// key's callback waits in the queue behind a blocker; Stop has closed the ring and waits for the
+// blocker. Move cannot arm a new timer (ErrClosed): it reports false and changes nothing; the
+// queued callback runs within Stop, and the key fires once with its value; Drain then finds
+// nothing.
+func TestReview29MoveDuringWheelStop(t *testing.T) {
+	r := newKeyedHookRig(t, WithWorkers(1))
+	gate, started := newPausePoint(), make(chan struct{})
+	r.pauses = append(r.pauses, gate)
+	_, err := r.w.AfterFunc(time.Millisecond, func() { close(started); gate.pause() })
+	require.NoError(t, err)
+	require.NoError(t, r.k.Set("k", 1, 2*time.Millisecond))
+	r.clk.Advance(time.Millisecond)
+	waitKeyed(t, started, "the blocker never started")
+	r.clk.Advance(time.Millisecond) // the key's callback waits in the queue
+	stopped := make(chan int, 1)
+	go func() { stopped <- r.w.Stop() }()
+	s := r.w.shards[0]
+	for start := time.Now(); s.ring.tail.Load()&ringClosed == 0; runtime.Gosched() {
+		require.Less(t, time.Since(start), 5*time.Second, "Stop never closed the ring")
+	}
+	require.False(t, r.k.Move("k", time.Hour), "a stopping wheel arms nothing")
+	require.Equal(t, 1, r.k.Len(), "Move changed nothing")
+	gate.unpause()
+	require.Zero(t, <-stopped, "nothing was pending: the key's timer had fired")
+	r.expectFire(t, "k=1")
+	require.Zero(t, r.k.Len())
+	require.Zero(t, r.k.Drain(nil))
+	requireBalanced(t, r.w)
+}
+
+// TestReview37PinKeyedSetPausedAcrossStop: a Set of an absent key paused between arming its
+// timer and installing it (keyed.go:153) while Wheel.Stop drops that timer; the Set then
+// installs the arming and reports nil (it is ordered before Stop). The key never fires, is
+// counted by Len and collected by Drain with its value, once; a later Set reports ErrClosed
+// and changes nothing.
+func TestReview37PinKeyedSetPausedAcrossStop(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	r := newKeyedHookRig(t)
+	armed := r.pauseArmed()
+	set := make(chan error, 1)
+	go func() { set <- r.k.Set("k", 1, time.Millisecond) }()
+	waitKeyed(t, armed.reached, "Set never armed its timer")
+	require.Equal(t, 1, r.w.Stop(), "Stop drops the Set's timer")
+	armed.unpause()
+	require.NoError(t, <-set)
+	r.clk.Advance(time.Hour)
+	require.Equal(t, 1, r.k.Len())
+	require.ErrorIs(t, r.k.Set("k", 2, time.Millisecond), ErrClosed)
+	require.False(t, r.k.Move("k", time.Millisecond), "Move after Stop refuses")
+	var got []string
+	require.Equal(t, 1, r.k.Drain(func(k string, v int) { got = append(got, fmt.Sprintf("%s=%d", k, v)) }))
+	require.Equal(t, []string{"k=1"}, got)
+	require.Zero(t, r.k.Len())
+	select {
+	case f := <-r.fired:
+		t.Fatalf("%s fired after Stop", f)
+	default:
+	}
+}
+
+// TestReview37PinKeyedMoveOfDueKeyAcrossStop: a key due, its callback paused before its decision
+// (keyed.go:296); a Move takes the slow path (keyed.go:190) and is paused between arming b and
+// installing it (keyed.go:222); Wheel.Stop starts (and waits for the paused callback). The Move
+// installs b and reports true, the old callback finds its arming displaced and does not fire,
+// Stop returns having dropped b, and the key, armed, is drained once with its value.
+func TestReview37PinKeyedMoveOfDueKeyAcrossStop(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	r := newKeyedHookRig(t)
+	deciding := r.dueAndDeciding(t)
+	armed := r.pauseArmed()
+	moved := r.move("k", time.Millisecond)
+	waitKeyed(t, armed.reached, "Move never armed its new timer")
+	stopped := make(chan int, 1)
+	go func() { stopped <- r.w.Stop() }()
+	armed.unpause()
+	require.True(t, <-moved)
+	deciding.unpause()
+	select {
+	case n := <-stopped:
+		require.Equal(t, 1, n, "Stop drops the Move's timer")
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop never returned")
+	}
+	require.Equal(t, 1, r.k.Len())
+	var got []string
+	require.Equal(t, 1, r.k.Drain(func(k string, v int) { got = append(got, fmt.Sprintf("%s=%d", k, v)) }))
+	require.Equal(t, []string{"k=1"}, got)
+	select {
+	case f := <-r.fired:
+		t.Fatalf("%s fired", f)
+	default:
 	}
 }

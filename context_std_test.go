@@ -1,21 +1,3 @@
-// Copyright 2014 The Go Authors. All rights reserved.
-// Use of this source code is governed by a BSD-style
-// license that can be found in the LICENSE file.
-
-// This file ports the tests of Go's package context (src/context: context_test.go, x_test.go,
-// afterfunc_test.go, net_test.go, example_test.go, go1.26) that involve a timer context, with the
-// wheel's WithTimeout, WithDeadline, WithTimeoutCause and WithDeadlineCause in the place of the
-// standard library's. Every assertion is kept; where the original reads unexported internals
-// (a cancelCtx's children map, the goroutines counter, parentCancelCtx), the port asserts the
-// observable consequence (a canceled child is no longer reachable from its parent; a goroutine
-// of package context is or is not running; the subtree ends synchronously). Tests marked
-// "wheel path" are added: the originals mostly root their trees in context.WithCancel, under which
-// the wheel hands out the standard library's own context (see withDeadline), so the same
-// scenarios are repeated with trees the wheel's timers serve, and check that they do (Len).
-
-//lint:file-ignore SA1029 ported from Go's src/context tests, which use string keys on purpose; kept as written
-//lint:file-ignore SA1019 Go's net_test asserts that DeadlineExceeded reports Temporary(), as the standard library's does
-
 package shardwheel_test
 
 import (
@@ -72,11 +54,6 @@ func (f ctxFuncs) root(name string) (context.Context, context.CancelFunc) {
 type otherContext struct {
 	context.Context
 }
-
-const (
-	shortDuration    = 1 * time.Millisecond // a reasonable duration to block in a test
-	veryLongDuration = 1000 * time.Hour     // an arbitrary upper bound on the test's running time
-)
 
 // quiescent returns an arbitrary duration by which the program should have
 // completed any remaining work and reached a steady (idle) state.
@@ -1038,70 +1015,6 @@ func TestContextErrDoneRace(t *testing.T) {
 	}
 }
 
-// afterFuncContext is a context that's not one of the types
-// defined in context.go, that supports registering AfterFuncs.
-type afterFuncContext struct {
-	mu         sync.Mutex
-	afterFuncs map[*byte]func()
-	done       chan struct{}
-	err        error
-}
-
-var _ context.Context = (*afterFuncContext)(nil)
-
-func (c *afterFuncContext) Deadline() (time.Time, bool) {
-	return time.Time{}, false
-}
-
-func (c *afterFuncContext) Done() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.done == nil {
-		c.done = make(chan struct{})
-	}
-	return c.done
-}
-
-func (c *afterFuncContext) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
-}
-
-func (c *afterFuncContext) Value(key any) any {
-	return nil
-}
-
-func (c *afterFuncContext) AfterFunc(f func()) func() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	k := new(byte)
-	if c.afterFuncs == nil {
-		c.afterFuncs = make(map[*byte]func())
-	}
-	c.afterFuncs[k] = f
-	return func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		_, ok := c.afterFuncs[k]
-		delete(c.afterFuncs, k)
-		return ok
-	}
-}
-
-func (c *afterFuncContext) cancel(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		return
-	}
-	c.err = err
-	for _, f := range c.afterFuncs {
-		go f()
-	}
-	c.afterFuncs = nil
-}
-
 func TestCustomContextAfterFuncTimeout(t *testing.T) {
 	f := newCtxFuncs(t)
 	ctx0 := &afterFuncContext{}
@@ -1124,7 +1037,7 @@ func TestCustomContextAfterFuncUnregisterTimeout(t *testing.T) {
 	}
 }
 
-var neverReady = make(chan struct{}) // never closed
+var neverReady = make(chan struct{})
 
 // From example_test.go: ExampleWithDeadline.
 func Example_stdWithDeadline() {

@@ -13,53 +13,26 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
-// Review 31: Stats and limits accounting (shardwheel.go Stats, pending.go, histogram.go,
-// expvar.go, and where the counters are bumped). Tests named TestReview31Fixed* fail on the code
-// they were written against (4304c13); TestReview31Pin* are things checked that hold.
-
-// r31Wait waits for cond, failing after a while.
-func r31Wait(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for start := time.Now(); !cond(); time.Sleep(100 * time.Microsecond) {
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-	}
-}
-
-// r31Balance checks the books of a quiet wheel (API.md, Introspection).
-func r31Balance(t *testing.T, w *Wheel) Stats {
-	t.Helper()
-	st := w.Stats()
-	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending), "%+v", st)
-	require.Equal(t, st.Fired, st.Lateness.Count(), "%+v", st)
-	require.Zero(t, st.Queued, "%+v", st)
-	return st
-}
-
-// TestReview31FixedEveryEndOfTimeLeaksMaxPendingCredit: an Every whose run comes at the end of a
-// manual clock's time ends its series there (every.go, endRun: "The series ends here, and its
-// next run ... is taken back"). It takes back the next run's count in Scheduled, so Stats and
-// Len say nothing is pending, but not the WithMaxPending credit that the series held since
-// Every accepted it: endRun (every.go:106-116) calls dropFrom and s.scheduled.Dec but no
-// s.returnCredit(). The credit is lost for the life of the wheel: with WithMaxPending(1) the
-// wheel now refuses every timer while Len() == 0, against pending.go's "once the wheel is quiet,
-// maxPending timers are always accepted" and API.md's "Past WithMaxPending: ErrTooManyTimers"
-// (nothing is past it).
-func TestReview31FixedEveryEndOfTimeLeaksMaxPendingCredit(t *testing.T) {
-	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1), WithMaxPending(1))
-	runs := 0
-	_, err := w.Every(time.Hour, func() { runs++ })
+// TestMutation36LatenessAgainstTickRoundedDeadline: Stats.Lateness counts "how late each callback
+// started, against its deadline rounded up to the tick" (API.md). A timer 300µs out on a 1ms tick
+// that starts at 1ms started on time by that measure: its lateness is under 1µs (bucket 0), not
+// 700µs. Kills: workers.go, lateness measured against the raw deadline.
+func TestMutation36LatenessAgainstTickRoundedDeadline(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	w, clk := newManualWheel(t, WithShards(1), WithWorkers(0), WithTick(time.Millisecond))
+	ran := 0
+	_, err := w.AfterFunc(300*time.Microsecond, func() { ran++ })
 	require.NoError(t, err)
-	clk.Advance(math.MaxInt64)
-	require.Equal(t, 1, runs)
-	require.Zero(t, w.Len(), "the series ended at the end of time")
-	r31Balance(t, w)
-
-	_, err = w.AfterFunc(time.Hour, func() {})
-	require.NoError(t, err, "nothing is pending, yet WithMaxPending(1) refuses the only timer")
+	clk.Advance(time.Millisecond)
+	require.Equal(t, 1, ran)
+	st := w.Stats()
+	require.Equal(t, uint64(1), st.Lateness.Count())
+	require.Equal(t, uint64(1), st.Lateness.Buckets[0],
+		"a callback that started at its deadline rounded up to the tick was counted late: %v", st.Lateness.Buckets)
+	require.LessOrEqual(t, st.Lateness.Quantile(1), time.Microsecond)
 }
 
 // TestReview31FixedLatenessStaleWithinBatch: API.md defines Stats.Lateness as "how late each
@@ -197,122 +170,6 @@ func TestReview31FixedWorkersCountOnSystemClockWithWorkers0(t *testing.T) {
 	require.Equal(t, WorkerGoroutines(w), w.Stats().Workers)
 }
 
-// TestReview31PinMaxPendingExactUnderChurn (pin): producers on every P arm timers that never fire
-// and stop them, Reset them, arm and stop Every series, Keyed keys and deadline contexts, under
-// WithMaxPending(limit). live counts what the test holds: it rises only after an arm returned
-// (the timer is then pending) and falls just before its Stop, so it is never above what is
-// pending: it must never pass limit. Once quiet, nothing is pending, and exactly limit arms are
-// accepted again (no credit lost, none made), then one refused with ErrTooManyTimers.
-func TestReview31PinMaxPendingExactUnderChurn(t *testing.T) {
-	const limit = 50
-	w, err := New(WithMaxPending(limit), WithShards(4), WithWorkers(2), WithRingSize(8))
-	require.NoError(t, err)
-	defer w.Stop()
-	k := NewKeyed(w, func(int, int) { t.Error("a key an hour out fired") })
-	var live, maxLive atomic.Int64
-	note := func(d int64) {
-		v := live.Add(d)
-		for m := maxLive.Load(); v > m && !maxLive.CompareAndSwap(m, v); m = maxLive.Load() {
-		}
-	}
-	iters := 3000
-	if testing.Short() {
-		iters = 500
-	}
-	var wg sync.WaitGroup
-	for g := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(g), 31))
-			var held []Timer
-			var cancels []context.CancelFunc
-			keys := map[int]bool{}
-			for range iters {
-				switch op := rng.IntN(10); {
-				case op < 4:
-					tm, err := w.AfterFunc(time.Hour, func() { t.Error("an hour-out timer fired") })
-					if err == nil {
-						note(1)
-						held = append(held, tm)
-					} else if !errors.Is(err, ErrTooManyTimers) {
-						t.Error(err)
-					}
-				case op < 5:
-					tm, err := w.Every(time.Hour, func() { t.Error("an hour-out series ran") })
-					if err == nil {
-						note(1)
-						held = append(held, tm)
-					}
-				case op < 6:
-					ctx, cancel := w.WithTimeout(context.Background(), time.Hour)
-					_ = ctx
-					cancels = append(cancels, cancel) // may be a std fallback: not counted
-				case op < 7:
-					key := g*1000 + rng.IntN(5)
-					if !keys[key] {
-						if k.Set(key, 1, time.Hour) == nil {
-							note(1)
-							keys[key] = true
-						}
-					} else {
-						require.True(t, k.Move(key, time.Hour))
-					}
-				case op < 8 && len(held) > 0:
-					held[rng.IntN(len(held))].Reset(2 * time.Hour)
-				default:
-					if len(keys) > 0 && rng.IntN(3) == 0 {
-						for key := range keys {
-							note(-1)
-							require.True(t, k.Remove(key))
-							delete(keys, key)
-							break
-						}
-					} else if len(held) > 0 {
-						j := rng.IntN(len(held))
-						note(-1)
-						require.True(t, held[j].Stop())
-						held[j] = held[len(held)-1]
-						held = held[:len(held)-1]
-					} else if len(cancels) > 0 {
-						cancels[len(cancels)-1]()
-						cancels = cancels[:len(cancels)-1]
-					}
-				}
-			}
-			for _, tm := range held {
-				note(-1)
-				require.True(t, tm.Stop())
-			}
-			for key := range keys {
-				note(-1)
-				require.True(t, k.Remove(key))
-			}
-			for _, c := range cancels {
-				c()
-			}
-		}()
-	}
-	wg.Wait()
-	require.LessOrEqual(t, maxLive.Load(), int64(limit), "more than WithMaxPending pending at once")
-	require.Zero(t, w.Len())
-	st := r31Balance(t, w)
-	require.Zero(t, st.Fired)
-
-	var last []Timer
-	for i := range limit {
-		tm, err := w.AfterFunc(time.Hour, func() {})
-		require.NoError(t, err, "arm %d of %d on a quiet wheel", i+1, limit)
-		last = append(last, tm)
-	}
-	_, err = w.AfterFunc(time.Hour, func() {})
-	require.ErrorIs(t, err, ErrTooManyTimers)
-	for _, tm := range last {
-		require.True(t, tm.Stop())
-	}
-	require.Equal(t, 0, w.Stop())
-}
-
 // TestReview31PinBooksEveryKind (pin): every kind of timer end (fire, Timer.Stop, Reset, Every
 // run and stop, a Keyed fire, replace and remove, a context deadline and cancel, a panicking
 // callback, a callback that calls runtime.Goexit on a worker, one that stops its own Every)
@@ -400,86 +257,6 @@ func TestReview31PinBooksEveryKind(t *testing.T) {
 			require.Equal(t, int64(limit), r31Credits(w), "every credit back after Stop")
 		})
 	}
-}
-
-// r31Credits sums WithMaxPending's free credits: the reserve and every shard's stock.
-func r31Credits(w *Wheel) int64 {
-	n := w.credit.Load()
-	for _, s := range w.shards {
-		n += s.credit.Load()
-	}
-	return n
-}
-
-// TestReview31PinCreditsBackAfterFiresAndStops (pin): after fires (one-shot, Every runs, Keyed,
-// contexts), stops, panics and Goexits, the free credits plus what is pending is the bound,
-// exactly; on a quiet wheel with nothing pending, every credit is free.
-func TestReview31PinCreditsBackAfterFiresAndStops(t *testing.T) {
-	const limit = 100
-	w, clk := newManualWheel(t, WithWorkers(2), WithShards(4), WithMaxPending(limit),
-		WithPanicHandler(func(any) {}))
-	var ran atomic.Int64
-	var evs []Timer
-	for i := range 30 {
-		switch i % 5 {
-		case 0:
-			_, err := w.AfterFunc(time.Duration(i)*100*time.Microsecond, func() { ran.Add(1) })
-			require.NoError(t, err)
-		case 1:
-			_, err := w.AfterFunc(time.Millisecond, func() { ran.Add(1); panic("x") })
-			require.NoError(t, err)
-		case 2:
-			_, err := w.AfterFunc(time.Millisecond, func() { ran.Add(1); runtime.Goexit() })
-			require.NoError(t, err)
-		case 3:
-			ev, err := w.Every(700*time.Microsecond, func() { ran.Add(1) })
-			require.NoError(t, err)
-			evs = append(evs, ev)
-		case 4:
-			_, cancel := w.WithTimeout(context.Background(), time.Millisecond)
-			defer cancel()
-		}
-	}
-	for range 5 {
-		clk.Advance(time.Millisecond)
-		r31Wait(t, "the books settle", func() bool {
-			st := w.Stats()
-			return st.Queued == 0 && st.Scheduled == st.Fired+st.Stopped+uint64(st.Pending)
-		})
-		require.Equal(t, int64(limit), r31Credits(w)+int64(w.Len()), "%+v", w.Stats())
-	}
-	for _, ev := range evs {
-		require.True(t, ev.Stop())
-	}
-	require.Zero(t, w.Len())
-	require.Equal(t, int64(limit), r31Credits(w))
-	r31Balance(t, w)
-}
-
-// TestReview31PinHeldBytesBackAfterTrim (pin): a burst grows HeldBytes by whole chunks; once its
-// timers are over (fired or stopped) and the shard has been quiet for trimQuiet of the manual
-// clock, an Advance trims and HeldBytes is back to 0; it never goes negative.
-func TestReview31PinHeldBytesBackAfterTrim(t *testing.T) {
-	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1))
-	require.Zero(t, w.Stats().HeldBytes)
-	var ts []Timer
-	for i := range 3000 {
-		tm, err := w.AfterFunc(time.Duration(i%2+1)*time.Millisecond, func() {})
-		require.NoError(t, err)
-		ts = append(ts, tm)
-	}
-	held := w.Stats().HeldBytes
-	require.Equal(t, int64(3)*blockBytes, held, "3000 entries take three chunks (index 0 unused)")
-	for _, tm := range ts[:1500] {
-		tm.Stop()
-	}
-	clk.Advance(2 * time.Millisecond)
-	require.Zero(t, w.Len())
-	require.Equal(t, held, w.Stats().HeldBytes, "kept for reuse until a quiet spell")
-	clk.Advance(trimQuiet + trimLook)
-	clk.Advance(trimLook)
-	require.Zero(t, w.Stats().HeldBytes)
-	r31Balance(t, w)
 }
 
 // TestReview31PinLatenessNeverNegativeAndBuckets (pin): a callback that starts before its
@@ -636,4 +413,128 @@ func TestReview31PinBooksSystemStopRace(t *testing.T) {
 		require.Equal(t, uint64(panicked.Load()), st.Panics)
 		require.Zero(t, w.Stop())
 	}
+}
+
+// TestReview33FixedLatenessReadOncePerBatch: Stats.Lateness is documented as "how late each
+// callback started, against its deadline rounded up to the tick" (API.md, Stats' doc). runRefs
+// (workers.go:200-207) reads the clock once for a whole batch, before its first callback, so a
+// callback that starts after a slow one of its batch is counted as on time. Here the first of two
+// callbacks due at 1ms takes a second (it moves the manual clock, as a slow callback would on the
+// system clock); the second starts 1s late and Lateness says nobody was later than 1µs. This
+// is the head-of-line delay that README's Limits ("a slow callback delays the callbacks of its
+// own step (up to 256) that follow it") warns about, and Lateness is the metric meant to show
+// it.
+func TestReview33FixedLatenessReadOncePerBatch(t *testing.T) {
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1))
+	var startedAt []time.Duration
+	for i := 0; i < 2; i++ {
+		_, err := w.AfterFunc(time.Millisecond, func() {
+			startedAt = append(startedAt, clk.Now().Sub(time.Unix(0, 0)))
+			if len(startedAt) == 1 {
+				clk.Advance(time.Second) // the first to start takes a second
+			}
+		})
+		require.NoError(t, err)
+	}
+	clk.Advance(time.Millisecond)
+	require.Equal(t, []time.Duration{time.Millisecond, time.Second + time.Millisecond}, startedAt)
+	st := balance33(t, w)
+	require.GreaterOrEqual(t, st.Lateness.Quantile(1), time.Second/2,
+		"the second callback started 1s after its deadline; Lateness buckets: %v", st.Lateness.Buckets)
+}
+
+// TestReview33FixedQueuedCountsOnlyUntaken: API.md defines Stats.Queued as "callbacks handed to the
+// worker pool and not yet started". pool.totals (workers.go:103-117) computes it as pushed -
+// taken, and a worker counts a whole chunk as taken when it takes it from the queue
+// (runTask, expiry.go:209), before it starts the chunk's first callback. With one worker and
+// four callbacks due together (one chunk), while the first blocks the three others have not
+// started, Len counts them pending ("a timer whose callback waits in the worker queue is still
+// pending"), and Queued says 0.
+func TestReview33FixedQueuedCountsOnlyUntaken(t *testing.T) {
+	w, clk := newManualWheel(t, WithWorkers(1), WithShards(1))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	started := 0
+	for i := 0; i < 4; i++ {
+		_, err := w.AfterFunc(time.Millisecond, func() {
+			mu.Lock()
+			started++
+			first := started == 1
+			mu.Unlock()
+			if first {
+				close(entered)
+				<-release
+			}
+		})
+		require.NoError(t, err)
+	}
+	clk.Advance(time.Millisecond)
+	wait26(t, entered, "the first callback never started")
+	st := w.Stats()
+	close(release)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return started == 4 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, uint64(1), st.Fired)
+	require.Equal(t, 3, st.Pending, "three callbacks handed to the pool have not started")
+	require.Equal(t, 3, st.Queued, "Stats.Queued: callbacks handed to the worker pool and not yet started")
+}
+
+// TestReview33FixedStatsWorkersWithZeroWorkers (minor): Stats.Workers is "number of worker
+// goroutines", and New's doc says it starts "its workers (one with WithWorkers(0) on the system
+// clock, which runs the callbacks...)". Stats reports w.opts.workers (shardwheel.go:308), 0,
+// while the wheel runs one worker goroutine (pool.init, workers.go:66-69); so does the prom
+// collector's shardwheel_workers gauge.
+func TestReview33FixedStatsWorkersWithZeroWorkers(t *testing.T) {
+	w, err := New(WithWorkers(0))
+	require.NoError(t, err)
+	defer w.Stop()
+	require.Len(t, w.pool.done, 1, "one worker goroutine on the system clock")
+	require.Equal(t, 1, w.Stats().Workers, "Stats.Workers: number of worker goroutines")
+}
+
+// TestReview34PinLatenessStrideBound (review 34 reported it as a bug; it is the documented bound
+// of lateClock's stride): Stats.Lateness counts "how late each callback started", read "as
+// callbacks start" so that the callbacks behind a slow one in a batch show how late they were.
+// After a flood of quick callbacks the stride is 16 (lateClock), and up to 15 callbacks after a
+// slow one share the reading taken before it started. Here 31 callbacks start at least 30 ms
+// after their deadline, and all but those 15 at most are counted 16 ms late or more.
+// The stride the slot's last batch ended with is set by hand to what a flood of quick callbacks
+// leaves (lateStride; reached by runFrom without the race detector, whose overhead keeps each
+// callback above lateQuick): without -race, 64 real timers on one worker show the same, 17 of 32.
+func TestReview34PinLatenessStrideBound(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	w, err := New(WithShards(1), WithWorkers(1))
+	require.NoError(t, err)
+	defer w.Stop()
+	s := w.shards[0]
+	const n = 32
+	var k atomic.Int32
+	s.mu.Lock() // the keeper cannot fire them: this test does, as an advance step would
+	for i := 0; i < n; i++ {
+		_, err := w.AfterFunc(time.Millisecond, func() {
+			if k.Add(1) == 1 {
+				time.Sleep(30 * time.Millisecond) // the slow one, first of its batch
+			}
+		})
+		require.NoError(t, err)
+	}
+	time.Sleep(2 * time.Millisecond)
+	s.advanceLocked(w.nanos(), 0)
+	refs := append([]ref(nil), s.fired...)
+	clear(s.fired)
+	s.fired = s.fired[:0]
+	s.mu.Unlock()
+	require.Len(t, refs, n)
+
+	other := w.pool.advancerSlot() // used by no goroutine on the system clock (dispatch is manual's)
+	other.stride = lateStride
+	base := w.Stats().Lateness
+	w.runBatch(refs, other)
+	late := w.Stats().Lateness
+	var slow uint64 // callbacks counted at least 16.384 ms late (buckets 15 and up)
+	for i := 15; i < len(late.Buckets); i++ {
+		slow += late.Buckets[i] - base.Buckets[i]
+	}
+	require.Equal(t, int32(n), k.Load())
+	require.GreaterOrEqual(t, slow, uint64(n-1-(lateStride-1)),
+		"callbacks that started >= 30 ms after their deadline, counted as >= 16 ms late")
 }
