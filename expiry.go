@@ -33,6 +33,10 @@ var (
 	testHookCollected              func(w *Wheel, due []*shard)
 )
 
+// testHookQueueEmpty, set only by tests, runs in loop after the worker found the queue empty and
+// before it acts on what it read of quit.
+var testHookQueueEmpty func(*Wheel)
+
 // startWorkers starts the pool's goroutines.
 func (w *Wheel) startWorkers() {
 	for i := range w.pool.done {
@@ -76,18 +80,24 @@ func (w *Wheel) work(i int) {
 
 // loop is a worker's loop. It takes queued work first; else it tries to become the keeper; else it
 // sleeps until work is queued or the keeper lets go of the role. Once Stop has closed quit, it runs
-// what is left in the queue and returns: every task is queued before quit is closed (a worker's
-// own are queued before its own next look at the queue; the manual advancer's before it closes
-// quit), so nothing handed to the pool is left behind.
+// what is left in the queue and returns. Every task is queued before quit is closed (on the system
+// clock by a worker, before its own next pass here; on a manual clock by the holder of advMu,
+// before it closes quit), and each pass reads quit before it looks at the queue: so the look of
+// the pass that sees quit closed finds every task there is. (Read after the look, quit could
+// close between the two with a task queued in between, left to nobody.)
 func (w *Wheel) loop(sl *runSlot) {
 	for {
+		quit := isClosed(w.quit)
 		select {
 		case t := <-w.pool.queue: // a nil queue (WithWorkers(0)) is never ready
 			w.runTask(sl, t)
 			continue
 		default:
 		}
-		if isClosed(w.quit) {
+		if testHookQueueEmpty != nil {
+			testHookQueueEmpty(w) // tests only: a worker paused after it found the queue empty
+		}
+		if quit {
 			return
 		}
 		// Once Stop has begun nothing is advanced (driveShard), so nobody keeps time: a keeper
