@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -352,6 +353,9 @@ var ctxScenarios = []struct {
 	}},
 }
 
+// TestContextScenarios runs every scenario of ctxScenarios against the standard library and
+// against a wheel on a manual clock, and requires the same observations of both; on the wheel,
+// every timer is released at the end of each scenario.
 func TestContextScenarios(t *testing.T) {
 	impls := []struct {
 		name string
@@ -388,6 +392,10 @@ func waitPending(t *testing.T, w *sw.Wheel, n int) {
 	}
 }
 
+// TestContextCancelReleasesTimerAtOnce: API.md: "the cancel func releases it at once (Len
+// drops)". Each cancel drops Len by one before it returns (a second cancel changes nothing) and
+// counts as Stopped; a wheel parent's cancel releases its wheel child's timer too; an expiry
+// releases the timer as well.
 func TestContextCancelReleasesTimerAtOnce(t *testing.T) {
 	im := newWheelImpl(t)
 	w := im.w
@@ -420,6 +428,8 @@ func TestContextCancelReleasesTimerAtOnce(t *testing.T) {
 	require.Equal(t, 0, w.Len())
 }
 
+// TestContextParentCancelReleasesTimer: a wheel parent's cancel ends its hundred wheel children
+// with Canceled and releases all their timers, and its own, before it returns.
 func TestContextParentCancelReleasesTimer(t *testing.T) {
 	im := newWheelImpl(t)
 	// A wheel parent: the children get wheel timers (under a std cancelable parent they would be
@@ -439,6 +449,10 @@ func TestContextParentCancelReleasesTimer(t *testing.T) {
 	}
 }
 
+// TestContextNoGoroutinePerContext: API.md: contexts derived through a wrapper "cost no
+// goroutine each". A thousand wheel contexts made through a wrapper of a wheel parent, each with
+// a std child made through another wrapper, start no goroutine per context, and their cancels
+// release their timers.
 func TestContextNoGoroutinePerContext(t *testing.T) {
 	im := newWheelImpl(t)
 	parent, pcancel := im.w.WithTimeout(context.Background(), 2*time.Hour)
@@ -459,6 +473,9 @@ func TestContextNoGoroutinePerContext(t *testing.T) {
 	require.Equal(t, 1, im.w.Len())
 }
 
+// TestContextFallbackOnStoppedWheel: on a stopped wheel the constructors still work, falling back
+// to the standard library's contexts: live until cancelled or until the deadline, which they
+// reach with DeadlineExceeded; they hold no wheel timer.
 func TestContextFallbackOnStoppedWheel(t *testing.T) {
 	w, err := sw.New()
 	require.NoError(t, err)
@@ -477,6 +494,9 @@ func TestContextFallbackOnStoppedWheel(t *testing.T) {
 	require.Equal(t, 0, w.Len())
 }
 
+// TestContextFallbackPastMaxPending: past WithMaxPending, a constructor falls back to the standard
+// library's context (no wheel timer, the refusal counted in Rejected) with the same deadline,
+// values and cancel; the contexts that hold wheel timers are untouched.
 func TestContextFallbackPastMaxPending(t *testing.T) {
 	clock := sw.NewManualClock(time.Now())
 	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithMaxPending(1))
@@ -648,3 +668,141 @@ func TestContextLazyDoneRace(t *testing.T) {
 
 // otherCtx is a wrapper that keeps the wrapped context's Done.
 type otherCtx struct{ context.Context }
+
+// ctxObservation is what a caller sees of a context: Err, Cause, whether Done is closed, and
+// whether it has a deadline. Tests compare a wheel context's with the standard library's.
+type ctxObservation struct {
+	err, cause error
+	done       bool
+	deadlineOK bool
+}
+
+func observeCtx(ctx context.Context) ctxObservation {
+	_, ok := ctx.Deadline()
+	o := ctxObservation{err: ctx.Err(), cause: context.Cause(ctx), deadlineOK: ok}
+	select {
+	case <-ctx.Done():
+		o.done = true
+	default:
+	}
+	return o
+}
+
+// TestContextBornExpiredMatchesStd: a context whose deadline has passed when it is made (d == 0,
+// d < 0, a past instant, the zero time; with a cause or not) is born ended and looks exactly like
+// the standard library's (Err, Cause, Done, Deadline), before and after its cancel; so do a std
+// child and a wheel child made under it afterwards. None of them holds a wheel timer.
+func TestContextBornExpiredMatchesStd(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithShards(1))
+	require.NoError(t, err)
+	defer w.Stop()
+	cause := errors.New("mine")
+	now := clock.Now()
+	type mk func() (context.Context, context.CancelFunc)
+	cases := []struct {
+		name     string
+		std, whl mk
+	}{
+		{"timeout0", func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), 0) },
+			func() (context.Context, context.CancelFunc) { return w.WithTimeout(context.Background(), 0) }},
+		{"timeoutNegCause", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeoutCause(context.Background(), -time.Hour, cause)
+		}, func() (context.Context, context.CancelFunc) {
+			return w.WithTimeoutCause(context.Background(), -time.Hour, cause)
+		}},
+		{"deadlineZeroTime", func() (context.Context, context.CancelFunc) {
+			return context.WithDeadlineCause(context.Background(), time.Time{}, cause)
+		}, func() (context.Context, context.CancelFunc) {
+			return w.WithDeadlineCause(context.Background(), time.Time{}, cause)
+		}},
+		{"deadlinePast", func() (context.Context, context.CancelFunc) {
+			return context.WithDeadline(context.Background(), time.Now().Add(-time.Nanosecond))
+		}, func() (context.Context, context.CancelFunc) {
+			return w.WithDeadline(context.Background(), now.Add(-time.Nanosecond))
+		}},
+	}
+	for _, c := range cases {
+		s, scancel := c.std()
+		x, xcancel := c.whl()
+		require.Equal(t, observeCtx(s), observeCtx(x), c.name)
+		scancel()
+		xcancel()
+		require.Equal(t, observeCtx(s), observeCtx(x), c.name+" after cancel")
+		// a child of each, made after the end
+		sc, sccancel := context.WithCancel(s)
+		xc, xccancel := context.WithCancel(x)
+		require.Equal(t, observeCtx(sc), observeCtx(xc), c.name+" child")
+		sccancel()
+		xccancel()
+		ws, wscancel := w.WithTimeoutCause(s, time.Hour, errors.New("other"))
+		wx, wxcancel := w.WithTimeoutCause(x, time.Hour, errors.New("other"))
+		require.Equal(t, observeCtx(ws), observeCtx(wx), c.name+" wheel child")
+		wscancel()
+		wxcancel()
+	}
+	require.Zero(t, w.Len())
+	requireBalance(t, w)
+	require.Equal(t, w.Stats().Fired, w.Stats().Lateness.Count())
+}
+
+// TestContextUnderWithoutCancelMatchesStd: a deadline context made under context.WithoutCancel of
+// a deadline context gets a wheel timer (its parent is never done) and looks exactly like the
+// standard library's: the first parent's cancel does not reach it, Value passes through, it and a
+// std child of it end as std's by its own cancel, which releases its timer, and String names the
+// same ancestry (the times aside).
+func TestContextUnderWithoutCancelMatchesStd(t *testing.T) {
+	clock := sw.NewManualClock(time.Unix(0, 0))
+	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0), sw.WithShards(1))
+	require.NoError(t, err)
+	defer w.Stop()
+	type key struct{}
+	base := context.WithValue(context.Background(), key{}, "v")
+	sp, spc := context.WithTimeout(base, time.Hour)
+	wp, wpc := w.WithTimeout(base, time.Hour)
+	require.Equal(t, 1, w.Len())
+	sx, sxc := context.WithTimeoutCause(context.WithoutCancel(sp), 2*time.Hour, errors.New("c"))
+	wx, wxc := w.WithTimeoutCause(context.WithoutCancel(wp), 2*time.Hour, errors.New("c"))
+	require.Equal(t, 2, w.Len(), "a never-done parent gets a wheel deadline")
+	sk, skc := context.WithCancel(sx)
+	wk, wkc := context.WithCancel(wx)
+	defer skc()
+	defer wkc()
+	spc()
+	wpc()
+	require.Equal(t, observeCtx(sx), observeCtx(wx))
+	require.Equal(t, observeCtx(sk), observeCtx(wk))
+	require.Equal(t, "v", wx.Value(key{}))
+	require.Equal(t, 1, w.Len())
+	str := func(c context.Context) string {
+		s := c.(interface{ String() string }).String()
+		// the times differ: keep the shape, ancestry and method names
+		var b strings.Builder
+		depth := 0
+		for _, r := range s {
+			switch {
+			case r == '(':
+				depth++
+				if depth == 1 {
+					b.WriteRune(r)
+				}
+			case r == ')':
+				depth--
+				if depth == 0 {
+					b.WriteRune(r)
+				}
+			case depth == 0:
+				b.WriteRune(r)
+			}
+		}
+		return b.String()
+	}
+	require.Equal(t, str(sk), str(wk))
+	sxc()
+	wxc()
+	require.Equal(t, observeCtx(sx), observeCtx(wx))
+	require.Equal(t, observeCtx(sk), observeCtx(wk))
+	require.Zero(t, w.Len())
+	requireBalance(t, w)
+	require.Equal(t, w.Stats().Fired, w.Stats().Lateness.Count())
+}

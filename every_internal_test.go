@@ -24,8 +24,11 @@ func waitRuns(clk *ManualClock, runs interface{ Load() int32 }, n int32) bool {
 	return runs.Load() >= n
 }
 
-// Two Resets to earlier deadlines, both commands ahead of the worker's add, each ignored by an
-// advance that then publishes the wheel's own next: the run must start at the second one.
+// TestEveryRearmTwoResetsAheadOfAdd: while an Every's worker re-arms the entry for its next run,
+// two Resets to earlier deadlines send their commands ahead of the worker's add, and each is
+// ignored by an advance of the shard (the entry is not linked yet), which then publishes the
+// wheel's own next. The run must still start at the second Reset's deadline (11ms), not before
+// and not at the re-arm's own deadline.
 func TestEveryRearmTwoResetsAheadOfAdd(t *testing.T) {
 	w, clk, ev, runs := resetAheadOfAdd(t)
 	defer w.Stop()
@@ -44,14 +47,16 @@ func TestEveryRearmTwoResetsAheadOfAdd(t *testing.T) {
 	require.True(t, ev.Stop())
 }
 
-// A Reset to earlier, its command ahead of the add and ignored; then a second Reset claims the
-// entry and is paused (held) while the worker sends its add and notes its deadline; the shard
-// takes the add (linking the held entry at 13 ms); the second Reset then lowers to 11 ms.
+// TestEveryRearmResetHeldAcrossAdd: a Reset to earlier, its command ahead of the re-arm's add and
+// ignored; then a second Reset holds the entry (Timer.hold) and is paused before finishReset
+// while the worker sends its add and notes its deadline; the shard takes the add (linking the
+// held entry at 13ms); the second Reset then lowers the deadline to 11ms. The run starts at 11ms,
+// not before.
 func TestEveryRearmResetHeldAcrossAdd(t *testing.T) {
 	w, clk, ev, runs := resetAheadOfAdd(t)
 	defer w.Stop()
 	s := ev.s
-	ok, release := ev.ResetHeld(time.Millisecond) // 11 ms, claimed only
+	ok, release := ev.ResetHeld(time.Millisecond) // 11 ms, the entry held only
 	require.True(t, ok)
 	s.mu.Unlock()
 	waitAddSent(t, s)
@@ -70,8 +75,9 @@ func TestEveryRearmResetHeldAcrossAdd(t *testing.T) {
 	require.True(t, ev.Stop())
 }
 
-// The same with the second Reset raising (to 30 ms) instead: no command; the entry is linked at
-// 13 ms and re-inserted there. The run must start at 30 ms, not before.
+// TestEveryRearmResetHeldRaiseAcrossAdd: the same with the second Reset raising the deadline (to
+// 30ms) instead, which sends no command: the entry is linked at 13ms and re-inserted when it
+// comes due there. The run must start at 30ms, not before.
 func TestEveryRearmResetHeldRaiseAcrossAdd(t *testing.T) {
 	w, clk, ev, runs := resetAheadOfAdd(t)
 	defer w.Stop()
@@ -92,12 +98,13 @@ func TestEveryRearmResetHeldRaiseAcrossAdd(t *testing.T) {
 	require.True(t, ev.Stop())
 }
 
-// TestReview26EveryStopResetRaceSystem races Every's Stop and Reset against its own runs on the
-// system clock (a pin): at most the run in progress starts its f after a Stop reported true
-// and none after it, runs never overlap, exactly one
-// of the concurrent Stops reports true, no Reset that starts after that Stop reports true, and
-// the j-th run of a series never Reset never starts before j intervals after the call.
-func TestReview26EveryStopResetRaceSystem(t *testing.T) {
+// TestEveryStopResetRaceSystemClock races Every's Stop and Reset against its own runs (some slow,
+// some panicking) on the system clock: at most the run in progress starts its f after a Stop
+// reported true and none after it, runs never overlap, exactly one of the concurrent Stops
+// reports true, no Reset that starts after that Stop reports true, the j-th run of a series
+// never Reset never starts before j intervals after the call, and the books balance with every
+// panic counted.
+func TestEveryStopResetRaceSystemClock(t *testing.T) {
 	var panics atomic.Int32
 	w, err := New(WithWorkers(2), WithShards(2), WithTick(50*time.Microsecond),
 		WithPanicHandler(func(any) { panics.Add(1) }))
@@ -129,7 +136,7 @@ func TestReview26EveryStopResetRaceSystem(t *testing.T) {
 			}
 			if j%2 == 0 {
 				inRun.Add(-1)
-				panic("review26: a panicking run")
+				panic("a panicking run")
 			}
 			inRun.Add(-1)
 		})
@@ -198,10 +205,10 @@ func TestReview26EveryStopResetRaceSystem(t *testing.T) {
 	require.EqualValues(t, panics.Load(), w.Stats().Panics)
 }
 
-// TestReview26EveryManualCounts pins Every's count over big manual jumps (a pin): each Advance
-// that passes one or more due instants gives exactly one run, never before its due instant, and
-// the series stays on its rate (the next run is the first due instant after the clock's time).
-func TestReview26EveryManualCounts(t *testing.T) {
+// TestEveryOneRunPerAdvanceOverMissedRuns: over manual jumps big and small, each Advance that
+// passes one or more due instants gives exactly one run, never before its due instant, and the
+// series stays on its rate (the next run is the first due instant after the clock's time).
+func TestEveryOneRunPerAdvanceOverMissedRuns(t *testing.T) {
 	w, clk, now := parkWheel(t)
 	const iv = 7 * time.Millisecond
 	var at []time.Duration
@@ -223,77 +230,38 @@ func TestReview26EveryManualCounts(t *testing.T) {
 	requireBalanced(t, w)
 }
 
-// TestReview31FixedEveryEndOfTimeLeaksMaxPendingCredit: an Every whose run comes at the end of a
-// manual clock's time ends its series there (every.go, endRun: "The series ends here, and its
-// next run ... is taken back"). It takes back the next run's count in Scheduled, so Stats and
-// Len say nothing is pending, but not the WithMaxPending credit that the series held since
-// Every accepted it: endRun (every.go:106-116) calls dropFrom and s.scheduled.Dec but no
-// s.returnCredit(). The credit is lost for the life of the wheel: with WithMaxPending(1) the
-// wheel now refuses every timer while Len() == 0, against pending.go's "once the wheel is quiet,
-// maxPending timers are always accepted" and API.md's "Past WithMaxPending: ErrTooManyTimers"
-// (nothing is past it).
-func TestReview31FixedEveryEndOfTimeLeaksMaxPendingCredit(t *testing.T) {
+// TestEveryEndOfTimeGivesBackMaxPendingCredit: an Every whose run comes at the end of a manual
+// clock's time ends its series there (endRun: the next run, counted as scheduled when this run
+// began, is taken back), since every deadline is due there and re-arming would run it forever.
+// Its WithMaxPending credit comes back with it, as at every other end of a timer: the wheel is
+// quiet with Len() == 0 and the books balanced, and WithMaxPending(1) accepts the next timer
+// ("once the wheel is quiet, n timers are always accepted"), which fires, and then another.
+func TestEveryEndOfTimeGivesBackMaxPendingCredit(t *testing.T) {
 	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1), WithMaxPending(1))
 	runs := 0
 	_, err := w.Every(time.Hour, func() { runs++ })
 	require.NoError(t, err)
-	clk.Advance(math.MaxInt64)
+	clk.Advance(math.MaxInt64) // the end of time: one run, and the series ends
 	require.Equal(t, 1, runs)
-	require.Zero(t, w.Len(), "the series ended at the end of time")
+	require.Zero(t, w.Len(), "the series ended at the end of time: nothing pending")
 	r31Balance(t, w)
-
-	_, err = w.AfterFunc(time.Hour, func() {})
-	require.NoError(t, err, "nothing is pending, yet WithMaxPending(1) refuses the only timer")
-}
-
-// TestReview32FixedEveryEndOfTimeLeaksMaxPendingCredit (bug, WithMaxPending): an Every on a manual
-// clock that reaches the end of time ends its series (every.go:94-105: "The series ends here, and
-// its next run, counted as scheduled when this run began, is taken back"), and Len drops to 0,
-// but the WithMaxPending credit the series held is never given back (no releasePending on that
-// path, unlike every other end of a timer). WithMaxPending's doc: "once the wheel is quiet, n
-// timers are always accepted"; here the quiet wheel, with nothing pending, refuses the n-th.
-func TestReview32FixedEveryEndOfTimeLeaksMaxPendingCredit(t *testing.T) {
-	clk := NewManualClock(time.Unix(0, 0))
-	w, err := New(WithClock(clk), WithShards(1), WithWorkers(0), WithMaxPending(1))
-	require.NoError(t, err)
-	defer w.Stop()
-	runs := 0
-	_, err = w.Every(time.Hour, func() { runs++ })
-	require.NoError(t, err)
-	clk.Advance(math.MaxInt64) // the end of time: one run, and the series ends
-	require.Equal(t, 1, runs)
-	require.Zero(t, w.Len(), "the series is over")
-	st := w.Stats()
-	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending), "stats %+v", st)
-	_, err = w.AfterFunc(time.Second, func() {})
-	require.NoError(t, err, "WithMaxPending(1) refuses a timer on a wheel with nothing pending")
-}
-
-// TestReview33FixedEveryEndOfTimeLeaksMaxPending: an Every whose series ends at the end of time
-// (endRun's drop, every.go:106-116) takes its next run back from Scheduled but never gives its
-// WithMaxPending credit back (no releasePending there, unlike every other way a timer ends). The
-// wheel is quiet with Len() == 0, yet a WithMaxPending(1) wheel refuses the next timer forever.
-// WithMaxPending's doc: "once the wheel is quiet, n timers are always accepted".
-func TestReview33FixedEveryEndOfTimeLeaksMaxPending(t *testing.T) {
-	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1), WithMaxPending(1))
-	runs := 0
-	_, err := w.Every(time.Hour, func() { runs++ })
-	require.NoError(t, err)
-	clk.Advance(math.MaxInt64) // the end of time: one run, and the series ends
-	require.Equal(t, 1, runs)
-	require.Equal(t, 0, w.Len(), "the series ended: nothing pending")
-	balance33(t, w)
 
 	fired := 0
 	_, err = w.AfterFunc(0, func() { fired++ })
 	require.NoError(t, err, "a quiet wheel with Len() == 0 refuses a timer under WithMaxPending(1)")
 	clk.Advance(0)
 	require.Equal(t, 1, fired)
+	_, err = w.AfterFunc(time.Hour, func() {})
+	require.NoError(t, err, "nothing is pending, yet WithMaxPending(1) refuses the only timer")
+	_, err = w.AfterFunc(time.Second, func() {})
+	require.ErrorIs(t, err, ErrTooManyTimers, "the limit still holds")
 }
 
-// TestReview33PinEveryErrors: each bad input to Every returns the documented error, names the
-// value, schedules nothing and counts in Rejected.
-func TestReview33PinEveryErrors(t *testing.T) {
+// TestEveryErrors: each bad input to Every (an interval <= 0, a nil f) and to AfterFunc and
+// AfterFuncArg (a nil f) returns the documented error, and the error for a bad interval names
+// it; after Stop each returns ErrClosed. Nothing is scheduled, and every error counts in
+// Rejected.
+func TestEveryErrors(t *testing.T) {
 	w, _ := newManualWheel(t, WithWorkers(0))
 	for _, iv := range []time.Duration{0, -1, math.MinInt64} {
 		_, err := w.Every(iv, func() {})
@@ -321,6 +289,7 @@ func TestReview33PinEveryErrors(t *testing.T) {
 	require.EqualValues(t, 9, w.Stats().Rejected)
 }
 
+// durationArgString is how an error names a Duration argument.
 func durationArgString(d time.Duration) string {
 	if d == 0 {
 		return "0"
@@ -328,10 +297,11 @@ func durationArgString(d time.Duration) string {
 	return d.String()
 }
 
-// TestReview33PinEveryBigJumpOnTheGrid: one Advance over many intervals runs an Every once, and
-// its next run is the first instant of the fixed-rate grid (k intervals after the call) after
-// the clock's new time: never early against the grid, never a pile-up.
-func TestReview33PinEveryBigJumpOnTheGrid(t *testing.T) {
+// TestEveryBigJumpStaysOnGrid: one Advance over many intervals runs an Every once, and its next
+// run is the first instant of the fixed-rate grid (k intervals after the call, here off the
+// tick grid) after the clock's new time: never early against the grid, never a pile-up. Stop
+// reports true once, and no run follows it.
+func TestEveryBigJumpStaysOnGrid(t *testing.T) {
 	w, clk := newManualWheel(t, WithWorkers(0), WithShards(3))
 	clk.Advance(700 * time.Microsecond) // the call is off the tick grid
 	const iv = 3*time.Millisecond + 100*time.Microsecond
@@ -356,9 +326,9 @@ func TestReview33PinEveryBigJumpOnTheGrid(t *testing.T) {
 	require.EqualValues(t, 1, st.Stopped)
 }
 
-// TestReview33PinEveryHugeInterval: an interval of math.MaxInt64 is accepted; the first run is
-// due at the end of time, nothing runs before, and Stop reports true.
-func TestReview33PinEveryHugeInterval(t *testing.T) {
+// TestEveryMaxIntervalAccepted: an interval of math.MaxInt64 is accepted; the first run is due at
+// the end of time, nothing runs before (the series is pending), and Stop reports true.
+func TestEveryMaxIntervalAccepted(t *testing.T) {
 	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1))
 	runs := 0
 	tm, err := w.Every(math.MaxInt64, func() { runs++ })
@@ -372,11 +342,11 @@ func TestReview33PinEveryHugeInterval(t *testing.T) {
 	balance33(t, w)
 }
 
-// TestReview33PinEverySlowRunsInBubble: on the system clock, in a synctest bubble, an Every of
-// 10ms whose run takes 25ms runs at 10, 40, 70, 100ms (each next run is the first one due, on the
-// grid of the call, after the previous run ended), never overlapping; a Stop during a run reports
-// true, and no run starts after it.
-func TestReview33PinEverySlowRunsInBubble(t *testing.T) {
+// TestEverySlowRunsInBubble: on the system clock, in a synctest bubble, an Every of 10ms whose run
+// takes 25ms runs at 10, 40, 70, 100ms (each next run is the first one due, on the grid of the
+// call, after the previous run ended), never overlapping; a Stop during a run reports true, and
+// no run starts after it.
+func TestEverySlowRunsInBubble(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w, err := New(WithWorkers(2), WithShards(2))
 		require.NoError(t, err)
@@ -411,16 +381,16 @@ func TestReview33PinEverySlowRunsInBubble(t *testing.T) {
 	})
 }
 
-// TestEveryRearmResetEarlier: an Every's worker has re-armed the entry (pending and
-// queued, its next run due at 20 ms) and not yet sent the add; a Reset to 13 ms then sends its
-// reset command and notes 13 ms; an advance of the shard takes that command, which finds the
-// entry not linked (its add is still to come) and is ignored, and publishes the wheel's next
-// (none), overwriting the 13 ms; the worker's add then notes the 20 ms it computed before the
-// Reset. The entry is linked at 13 ms, but the shard's next says 20 ms: at 13 ms nothing
-// looks at the shard, and the run starts at 20 ms, late by the difference (with Every(1h) and a
-// Reset(1ms), an hour). The worker is held between its CAS and its claim here by a full ring
-// and the shard's mutex; in a real program preemption there, or a full ring, does the same,
-// and the advance is the keeper's (woken by another timer of the shard, or by a kick).
+// TestEveryRearmResetEarlier: an Every's worker has re-armed the entry (pending and queued, its
+// next run due at 20ms) and not yet sent the add; a Reset to 13ms then sends its reset command
+// and notes 13ms; an advance of the shard takes that command, which finds the entry not linked
+// (its add is still to come) and is ignored, and publishes the wheel's next (none), overwriting
+// the 13ms. The worker's add must then note the deadline the entry is linked at, the Reset's
+// 13ms, not the 20ms it computed before the Reset: the run starts at 13ms (were the shard's
+// next left at 20ms, nothing would look at the shard at 13ms, and with Every(1h) and Reset(1ms)
+// the run would be an hour late). The worker is held between its CAS and its ring slot here by a
+// full ring and the shard's mutex; in a real program preemption there, or a full ring, does the
+// same, and the advance is the keeper's (woken by another timer of the shard, or by a kick).
 func TestEveryRearmResetEarlier(t *testing.T) {
 	w, clk, ev, runs := resetAheadOfAdd(t)
 	defer w.Stop()

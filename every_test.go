@@ -9,6 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// TestEvery: the first run is one interval after the call, not before; a Stop from inside a run
+// reports true and no run follows; a second Stop reports false. Each run counts once in Fired,
+// the Stop once in Stopped, and the books balance.
 func TestEvery(t *testing.T) {
 	w, clk := manualWheel(t)
 	var runs atomic.Int32
@@ -32,6 +35,9 @@ func TestEvery(t *testing.T) {
 	requireBalance(t, w)
 }
 
+// TestEveryNeverOverlaps: on the system clock with four workers, runs slower than the interval
+// never overlap (runs of one Every are never concurrent, whichever worker takes them), and the
+// books balance after Stop.
 func TestEveryNeverOverlaps(t *testing.T) {
 	w, err := sw.New(sw.WithWorkers(4))
 	require.NoError(t, err)
@@ -180,9 +186,9 @@ loop:
 }
 
 // TestEveryKeepsTickerRate runs an Every and a time.Ticker of 4ms in the same 400ms window: the
-// Every keeps the Ticker's rate (a re-arm from each run's start gave about 75% of it: every run
-// a tick plus its wake-up late), and never runs more often than the fixed rate allows. The bounds
-// leave room for a loaded machine, where both lose runs alike.
+// Every keeps the Ticker's rate (a re-arm from each run's start would give about 75% of it: every
+// run a tick plus its wake-up late), and never runs more often than the fixed rate allows. The
+// bounds leave room for a loaded machine, where both lose runs alike.
 func TestEveryKeepsTickerRate(t *testing.T) {
 	const interval = 4 * time.Millisecond
 	every, ticks, elapsed := tickerWindow(t, interval, 400*time.Millisecond, 0)

@@ -14,18 +14,19 @@ import (
 	"go.uber.org/goleak"
 )
 
+// spinFor keeps the goroutine busy on its core for d (a callback that computes, not one that
+// sleeps).
 func spinFor(d time.Duration) {
 	for t0 := time.Now(); time.Since(t0) < d; {
 	}
 }
 
-// TestExpiryFloodDoesNotStarveOtherShards (found by review): a flood on shard 0 whose callbacks
-// keep the workers busy, and one timer on shard 1 due shortly after the flood starts. An
-// advancer of shard 0 that claimed it again after each step's callbacks whenever the claim was
-// free (it nearly always is: the step is short, the callbacks long) never went back to its loop:
-// nobody kept time, and shard 1 waited for the whole flood. Now an advancer goes on only while
-// another worker keeps time and nothing is queued, so the sentinel fires long before the flood
-// is over, whatever the number of workers.
+// TestExpiryFloodDoesNotStarveOtherShards: a flood on shard 0 whose callbacks keep the workers
+// busy, and one timer on shard 1 due shortly after the flood starts. An advancer of shard 0 that
+// took it back after each step's callbacks regardless would never return to its loop: nobody
+// would keep time, and shard 1 would wait for the whole flood. An advancer goes on only while
+// another worker keeps time or nothing else is due, and nothing is queued (letGo), so the
+// sentinel on shard 1 fires long before the flood is over, whatever the number of workers.
 func TestExpiryFloodDoesNotStarveOtherShards(t *testing.T) {
 	for _, workers := range []int{1, 2, 4} {
 		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
@@ -63,11 +64,11 @@ func TestExpiryFloodDoesNotStarveOtherShards(t *testing.T) {
 	}
 }
 
-// TestExpiryKeptShardNotStuckBehindCallbacks (found by review): the keeper claims two shards at
-// one tick while no worker is idle, keeps both, and runs the first one's step, whose callback
-// blocks. The second shard waited for its turn claimed as advancing, which no keeper may take
-// over: a worker that came free meanwhile could not reach it, and its timer waited for the
-// blocked callback. It now waits as running, published, and the free worker takes it over.
+// TestExpiryKeptShardNotStuckBehindCallbacks: the keeper takes two due shards at one tick while no
+// worker is idle, keeps both, and runs the first one's step, whose callback blocks. The second
+// shard waits for its turn as ownerRunning, published into its group (driveDue), which a keeper
+// may take over, not as ownerAdvancing, which none may: the worker that comes free meanwhile
+// takes it over, and its timer does not wait for the blocked callback.
 func TestExpiryKeptShardNotStuckBehindCallbacks(t *testing.T) {
 	w, err := New(WithWorkers(2), WithShards(2))
 	if err != nil {
@@ -93,11 +94,11 @@ func TestExpiryKeptShardNotStuckBehindCallbacks(t *testing.T) {
 }
 
 // TestExpiryCascadeDueBeforeDeadlines: timers that a drain outside an advance links above level 0
-// are cascaded at their bucket's start, so on the system clock the shard's next has to say so.
-// It said only what the producers noted, their deadlines: the keeper then slept until a flood
-// came due and only then re-inserted it one level down, one entry at a time, before the first
-// callback could run (a million timers armed 1.5 s ahead started firing 10 to 18 ms late). Two
-// such drains: a producer's whose ring is full, and the trimmer's (found by review).
+// are cascaded at their bucket's start, so on the system clock the shard's next must be no later
+// than that start, not only the deadlines the producers noted: else the keeper sleeps until a
+// flood comes due and only then re-inserts it one level down, one entry at a time, before the
+// first callback can run (a million timers armed 1.5s ahead would start firing 10 to 18ms late).
+// Two such drains: a producer's whose ring is full, and the trimmer's.
 func TestExpiryCascadeDueBeforeDeadlines(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -145,13 +146,12 @@ func TestExpiryCascadeDueBeforeDeadlines(t *testing.T) {
 	}
 }
 
-// TestExpiryReleaseLaterLeavesWakeToTheKeeper (a review's repro): W1 lets go of the role with
-// releaseLater and pauses before it looks at wake; W2 takes the role and pauses before its
-// select; a producer arms a deadline earlier than W2's target, and its signal lands in wake's
-// buffer without a nudge (the role is held). W1 once found that token and took it, and W2 slept
-// until its own target (here seconds) and fired the timer late; now releaseLater never takes a
-// token, and W2 finds it.
-func TestExpiryReleaseLaterLeavesWakeToTheKeeper(t *testing.T) {
+// TestExpiryYieldLaterLeavesWakeToTheKeeper: W1 lets go of the role with yieldLater and pauses
+// (testHookYielded); W2 takes the role and pauses before its select; a producer arms a deadline
+// earlier than W2's target, and its signal lands in wake's buffer without a nudge (the role is
+// held). yieldLater never takes a token from wake, so W2 finds it and fires the timer on time; a
+// W1 that took it would leave W2 asleep until its own target (here seconds).
+func TestExpiryYieldLaterLeavesWakeToTheKeeper(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		released, goOn1 := make(chan struct{}), make(chan struct{})
 		sleeping, goOn2 := make(chan struct{}), make(chan struct{})
@@ -192,12 +192,11 @@ func TestExpiryReleaseLaterLeavesWakeToTheKeeper(t *testing.T) {
 	})
 }
 
-// TestExpiryDeadlineNotedWhileKeeperReleases (a review's finding): the keeper claims one due
-// shard and, between collect and releaseLater's store of target, a producer arms an earlier
-// deadline on another shard. That producer reads target awake and does not signal; the keeper's
-// callback then blocks (one callback: no hurry), so nobody would keep time until the watchdog, a
-// tick later. releaseLater reads every group once more after its store and nudges the other
-// worker, which fires the new timer on time.
+// TestExpiryDeadlineNotedWhileKeeperReleases: the keeper takes one due shard and, between collect
+// and yieldLater's store of target, a producer arms an earlier deadline on another shard. That
+// producer reads target awake and does not signal; the keeper's callback then blocks (one
+// callback: no hurry). yieldLater reads every group once more after its store and nudges the
+// other worker, which fires the new timer on time, not at the watchdog a tick later.
 func TestExpiryDeadlineNotedWhileKeeperReleases(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		block := make(chan struct{})
@@ -303,14 +302,13 @@ func TestExpiryStaleWakeTokenSpent(t *testing.T) {
 	})
 }
 
-// TestMutation36PublishGroupSignalsEarlierNext: an advancer that lets go of a shard publishes the
-// shard's next into its group "and signals the keeper if that is earlier than its target"
-// (publishGroup): a keeper that collected while the shard was claimed left the shard out of its
+// TestExpiryPublishGroupSignalsEarlierNext: an advancer that lets go of a shard publishes the
+// shard's next into its group and signals the keeper if that is earlier than its target
+// (publishGroup): a keeper that collected while the shard was owned left the shard out of its
 // summary, and sleeps until its target; nothing else tells it about the shard's earlier next.
 // Driven on a manual-clock wheel with no goroutines, with the target set as a sleeping keeper's:
-// an earlier next leaves a token in wake, a later one leaves none. Kills: expiry.go,
-// publishGroup's signal dropped.
-func TestMutation36PublishGroupSignalsEarlierNext(t *testing.T) {
+// an earlier next leaves a token in wake, a later one leaves none.
+func TestExpiryPublishGroupSignalsEarlierNext(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	w, _ := newManualWheel(t, WithShards(1), WithWorkers(0))
 	s := w.shards[0]
@@ -336,14 +334,14 @@ func TestMutation36PublishGroupSignalsEarlierNext(t *testing.T) {
 	s.g.next.Store(never)
 }
 
-// TestReview22CascadeInBubble runs the system clock's expiry side (keeper, claims, budgeted
+// TestExpiryCascadeInBubble runs the system clock's expiry side (keeper, shard owners, budgeted
 // steps, take-overs) in a synctest bubble over a cascade that takes many steps: 3000 timers in
-// one level-2 bucket, a tenth of them due at its start (so steps fire callbacks, the claim goes
-// running and may be taken over), and callbacks that arm short timers and Stop or Reset timers
-// still in the bucket, so commands reach entries sitting in casc. Every timer not stopped runs
-// once and never early; the wheel ends empty and its invariants hold. (Fake time does not move
-// while the cascade runs, so this pins correctness, not latency.)
-func TestReview22CascadeInBubble(t *testing.T) {
+// one level-2 bucket, a tenth of them due at its start (so steps fire callbacks, the shard goes
+// ownerRunning and may be taken over), and callbacks that arm short timers and Stop or Reset
+// timers still in the bucket, so commands reach entries sitting in casc. Every timer not stopped
+// runs once and never early; the wheel ends empty and its invariants hold. (Fake time does not
+// move while the cascade runs, so this checks correctness, not latency.)
+func TestExpiryCascadeInBubble(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w, err := New(WithShards(1), WithWorkers(2), WithTick(time.Millisecond))
 		require.NoError(t, err)
@@ -435,14 +433,14 @@ func TestReview22CascadeInBubble(t *testing.T) {
 	})
 }
 
-// TestReview24OverdueGapCovered pins the window inside overdue between a producer's CAS of target
-// to awake and its signal (the producer paused there: preemption, GC). Meanwhile target is awake,
-// so a producer that notes an earlier deadline does not signal, and no token is in wake yet. No
+// TestExpiryOverdueGapLosesNoWake: the window inside overdue between a producer's CAS of target to
+// awake and its signal (the producer paused there: preemption, GC). Meanwhile target is awake, so
+// a producer that notes an earlier deadline does not signal, and no token is in wake yet. No
 // wake-up is lost, because the CAS disarms nothing: a sleeping keeper still has its own timer, and
-// a role let go of by releaseLater still has its watchdog. The deadline waits at most until one of
+// a role let go of by yieldLater still has its watchdog. The deadline waits at most until one of
 // them runs (or the paused producer resumes), and the late signal then costs one more round, not
 // a loop. The runtime's lateness that overdue is for is simulated by a target in the past.
-func TestReview24OverdueGapCovered(t *testing.T) {
+func TestExpiryOverdueGapLosesNoWake(t *testing.T) {
 	t.Run("keeper sleeps", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			var sleeps atomic.Int32
@@ -477,7 +475,7 @@ func TestReview24OverdueGapCovered(t *testing.T) {
 		})
 	})
 
-	t.Run("role free after releaseLater", func(t *testing.T) {
+	t.Run("role free after yieldLater", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			var (
 				w    *Wheel
@@ -488,10 +486,10 @@ func TestReview24OverdueGapCovered(t *testing.T) {
 			testHookYielded = func(w *Wheel) {
 				if time.Since(start) >= time.Second && done.CompareAndSwap(false, true) {
 					// P read the watchdog's moment passed and won the CAS; it is paused
-					// before its signal. releaseLater goes on and arms its watchdog.
+					// before its signal. yieldLater goes on and arms its watchdog.
 					at.Store(w.target.Load())
 					if !w.target.CompareAndSwap(at.Load(), awake) {
-						panic("target moved under a paused releaseLater")
+						panic("target moved under a paused yieldLater")
 					}
 				}
 			}
@@ -521,8 +519,8 @@ func TestReview24OverdueGapCovered(t *testing.T) {
 	})
 }
 
-// drainNudge36 empties the nudge channel and reports whether it held a token.
-func drainNudge36(w *Wheel) bool {
+// expiryDrainNudge empties the nudge channel and reports whether it held a token.
+func expiryDrainNudge(w *Wheel) bool {
 	select {
 	case <-w.nudge:
 		return true
@@ -531,26 +529,18 @@ func drainNudge36(w *Wheel) bool {
 	}
 }
 
-// TestReview36FixedWatchdogOutlivesStopAfterGoexit: Stop's contract (API.md, Wheel.Stop's doc) is
-// that "every goroutine the wheel started has exited when Stop returns", and expiry.go's header
-// allows the wheel no goroutine but its workers, "but for the moment a watchdog below goes off".
-// A callback that calls runtime.Goexit breaks that: the interleaving (one worker, one shard):
-//  1. the keeper wakes for one due shard and lets go of the role with releaseLater, which arms
-//     its watchdog (wk.watch) a tick after the deadline (expiry.go:380, releaseLater step 3);
-//  2. the shard's one callback calls runtime.Goexit: the goroutine unwinds out of advanceDue
-//     (expiry.go:251) and keep without reaching keep's unwatch/hurry (expiry.go:259-265), and
-//     work's deferred call starts the replacement (expiry.go:153-158, the "a Goexit" branch),
-//     which clears wk.batch and wk.due but leaves wk.watch armed;
-//  3. Stop: the replacement worker exits and Stop returns; the watchdog is still armed, and a
-//     tick later the runtime starts a goroutine that runs w.watchdog on the stopped wheel (it
-//     finds the role free and sends a nudge nobody will ever take).
-//
-// Seen here as the nudge token that appears after Stop returned and its token was drained: no
-// goroutine of the wheel is left to send it. (goleak cannot see it: when Stop returns there is
-// only an armed runtime timer, and the goroutine it starts exits at once.) Failed 5 of 5 on
-// 988d9b7; fixed since: work's deferred call stops the unwound goroutine's watchdog (unwatch), as
-// keep does, before it starts the replacement or finishes the shutdown.
-func TestReview36FixedWatchdogOutlivesStopAfterGoexit(t *testing.T) {
+// TestExpiryWatchdogStoppedWhenKeeperGoexits: every goroutine the wheel started has exited when
+// Stop returns (API.md), and the wheel has no goroutine but its workers, but for the moment a
+// watchdog goes off (expiry.go). A callback that calls runtime.Goexit must not leave a watchdog
+// armed behind: one worker, one shard, the keeper wakes for the one due shard and lets go of the
+// role with yieldLater, which arms its watchdog a tick on; the shard's one callback calls
+// runtime.Goexit, unwinding the goroutine out of keep before keep's unwatch. work's deferred call
+// stops the watchdog (unwatch) before it starts the replacement. Were the watchdog left armed, a
+// tick after Stop returned it would run on the stopped wheel and send a nudge nobody takes,
+// which is what this test looks for after draining the one token the keeper's yield on quit
+// leaves. (goleak cannot see it: when Stop returns there is only an armed runtime timer, and the
+// goroutine it starts exits at once.)
+func TestExpiryWatchdogStoppedWhenKeeperGoexits(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	synctest.Test(t, func(t *testing.T) {
 		w, err := New(WithWorkers(1), WithShards(1), WithTick(10*time.Millisecond))
@@ -561,20 +551,20 @@ func TestReview36FixedWatchdogOutlivesStopAfterGoexit(t *testing.T) {
 		<-entered
 		synctest.Wait() // the replacement worker keeps time; fake time has not moved
 		require.Zero(t, w.Stop())
-		drainNudge36(w) // the keeper's release on quit leaves one
+		expiryDrainNudge(w) // the keeper's yield on quit leaves one
 		time.Sleep(50 * time.Millisecond)
 		synctest.Wait()
-		require.False(t, drainNudge36(w),
+		require.False(t, expiryDrainNudge(w),
 			"a watchdog armed before the callback's Goexit went off after Stop had returned")
 	})
 }
 
-// TestReview36PinWatchdogDisarmedWhenStopWaitsForCallback: the same hand-over without Goexit. The
-// callback blocks (one callback: releaseLater armed the watchdog, nobody was nudged) while Stop
-// begins; Stop waits for it, the worker then leaves keep through hurry, which stops the watchdog,
-// and nothing of the wheel runs after Stop returns. The pending timer behind the blocked one is
-// counted in Stop's result, and the books balance.
-func TestReview36PinWatchdogDisarmedWhenStopWaitsForCallback(t *testing.T) {
+// TestExpiryWatchdogDisarmedWhenStopWaitsForCallback: the same hand-over without Goexit. The
+// callback blocks (one callback: yieldLater armed the watchdog, nobody was nudged) while Stop,
+// called from outside the wheel, begins; Stop waits for it, the worker then leaves keep through
+// hurry, which stops the watchdog, and nothing of the wheel runs after Stop returns. The pending
+// timer behind the blocked one is counted in Stop's result, and the books balance.
+func TestExpiryWatchdogDisarmedWhenStopWaitsForCallback(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	synctest.Test(t, func(t *testing.T) {
 		w, err := New(WithWorkers(1), WithShards(1), WithTick(10*time.Millisecond))
@@ -593,23 +583,23 @@ func TestReview36PinWatchdogDisarmedWhenStopWaitsForCallback(t *testing.T) {
 		require.True(t, w.closed.Load())
 		close(release)
 		require.Equal(t, 1, <-stopped)
-		drainNudge36(w)
+		expiryDrainNudge(w)
 		time.Sleep(50 * time.Millisecond)
 		synctest.Wait()
-		require.False(t, drainNudge36(w), "a watchdog went off after Stop returned")
+		require.False(t, expiryDrainNudge(w), "a watchdog went off after Stop returned")
 		st := w.Stats()
 		require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped, "%+v", st)
 		require.Zero(t, st.Queued)
 	})
 }
 
-// TestReview36PinStopWhileReleasingKeeper: the keeper, having claimed one due shard, is paused in
-// releaseLater with the role free and before its read of the groups (testHookYielded), and a
-// Wheel.Stop runs all the way to waiting for the workers meanwhile. The keeper then goes on: it
-// arms its watchdog, advances nothing (closed), and leaves through hurry. The due timer, pending
-// when Stop dropped the shard, is counted in what Stop returns and never runs; no nudge or
-// watchdog outlives Stop.
-func TestReview36PinStopWhileReleasingKeeper(t *testing.T) {
+// TestExpiryStopWhileKeeperYields: the keeper, having taken one due shard, is paused in yieldLater
+// with the role free and before its read of the groups (testHookYielded), and a Wheel.Stop from
+// another goroutine runs all the way to waiting for the workers meanwhile. The keeper then goes
+// on: it arms its watchdog, advances nothing (closed), and leaves through hurry. The due timer,
+// pending when Stop dropped the shard, is counted in what Stop returns and never runs; no nudge
+// or watchdog outlives Stop.
+func TestExpiryStopWhileKeeperYields(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	synctest.Test(t, func(t *testing.T) {
 		var paused atomic.Bool
@@ -636,22 +626,21 @@ func TestReview36PinStopWhileReleasingKeeper(t *testing.T) {
 		require.True(t, paused.Load(), "the hook never ran")
 		require.Equal(t, 2, <-stopped, "both timers were pending when Stop dropped the shards")
 		require.Zero(t, ran.Load())
-		drainNudge36(w)
+		expiryDrainNudge(w)
 		time.Sleep(50 * time.Millisecond)
 		synctest.Wait()
-		require.False(t, drainNudge36(w), "a watchdog went off after Stop returned")
+		require.False(t, expiryDrainNudge(w), "a watchdog went off after Stop returned")
 		st := w.Stats()
 		require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped, "%+v", st)
 	})
 }
 
-// TestReview36PinResetEarlierWhileKeeperBlocks: the worker that kept time blocks in the one
-// callback of the shard it advanced, having let go of the role with releaseLater (watchdog a
-// tick on: 10ms). A Timer.Reset that moves a timer of another shard from an hour to 100µs must
+// TestExpiryResetEarlierWhileKeeperBlocks: the worker that kept time blocks in the one callback of
+// the shard it advanced, having let go of the role with yieldLater (watchdog a tick on: 10ms). A Timer.Reset that moves a timer of another shard from an hour to 100µs must
 // not wait for that watchdog: Reset notes the earlier deadline (noteDeadline), target holds the
 // watchdog's moment, so it signals, and signal nudges the idle worker while the role is free.
 // Also through the other door: a Reset of a timer whose add the shard has taken already.
-func TestReview36PinResetEarlierWhileKeeperBlocks(t *testing.T) {
+func TestExpiryResetEarlierWhileKeeperBlocks(t *testing.T) {
 	for _, taken := range []bool{false, true} {
 		t.Run(fmt.Sprintf("taken=%v", taken), func(t *testing.T) {
 			defer goleak.VerifyNone(t)
@@ -685,8 +674,8 @@ func TestReview36PinResetEarlierWhileKeeperBlocks(t *testing.T) {
 	}
 }
 
-// probe36 is one timer of TestReview36PinProbesOnTimeBesideBlockedWorkers.
-type probe36 struct {
+// expiryProbe is one timer of TestExpiryProbesOnTimeBesideBlockedWorkers.
+type expiryProbe struct {
 	mu      sync.Mutex
 	due     time.Time
 	fired   int
@@ -695,28 +684,29 @@ type probe36 struct {
 	tm      Timer
 }
 
-// TestReview36PinProbesOnTimeBesideBlockedWorkers: liveness of the role's hand-overs with real
-// (fake) time. WithWorkers(W), and W-1 goroutines that each keep one blocking callback (1 to 50
-// ms) armed on a shard of its own, so that at most W-1 workers block and one is always free to
-// keep time; three producers arm, reset and stop timers (0 to 20ms) on the other shards. Every
+// TestExpiryProbesOnTimeBesideBlockedWorkers: liveness of the role's hand-overs with real (fake)
+// time. WithWorkers(W), and W-1 goroutines that each keep one blocking callback (1 to 50ms) armed
+// on a shard of its own, so that at most W-1 workers block and one is always free to keep time; three producers arm, reset and stop timers (0 to 20ms) on the other shards. Every
 // such timer must run exactly once (never if its Stop reported true), never early, and no later
 // than one tick after its deadline: a lost hand-over would make one wait for a blocked callback
 // or a watchdog, which shows in fake time. One and zero workers, with no blockers, too, and one
 // shard, and more than one group of shards.
-func TestReview36PinProbesOnTimeBesideBlockedWorkers(t *testing.T) {
+func TestExpiryProbesOnTimeBesideBlockedWorkers(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	for _, c := range []struct{ workers, shards int }{
 		{0, 1}, {1, 3}, {2, 2}, {2, 70}, {3, 4}, {3, 130}, {4, 5},
 	} {
 		for seed := int64(0); seed < 2; seed++ {
 			t.Run(fmt.Sprintf("workers=%d/shards=%d/seed=%d", c.workers, c.shards, seed), func(t *testing.T) {
-				probes36(t, c.workers, c.shards, seed)
+				expiryProbes(t, c.workers, c.shards, seed)
 			})
 		}
 	}
 }
 
-func probes36(t *testing.T, workers, shards int, seed int64) {
+// expiryProbes runs TestExpiryProbesOnTimeBesideBlockedWorkers' scenario with workers workers and
+// shards shards.
+func expiryProbes(t *testing.T, workers, shards int, seed int64) {
 	const tick = time.Millisecond
 	synctest.Test(t, func(t *testing.T) {
 		w, err := New(WithWorkers(workers), WithShards(shards), WithTick(tick))
@@ -725,7 +715,7 @@ func probes36(t *testing.T, workers, shards int, seed int64) {
 		blockers := min(max(workers-1, 0), shards-1)
 		var (
 			mu     sync.Mutex
-			probes []*probe36
+			probes []*expiryProbe
 			wg     sync.WaitGroup
 			quiet  atomic.Bool
 		)
@@ -749,7 +739,7 @@ func probes36(t *testing.T, workers, shards int, seed int64) {
 			go func() {
 				defer producers.Done()
 				for range 150 {
-					pr := &probe36{}
+					pr := &expiryProbe{}
 					d := time.Duration(r.IntN(20000)) * time.Microsecond
 					k := blockers + r.IntN(shards-blockers)
 					pr.mu.Lock()
@@ -812,12 +802,11 @@ func probes36(t *testing.T, workers, shards int, seed int64) {
 	})
 }
 
-// TestReview36PinReleaseNudgesTheNextKeeper pins the nudge of release, which review 36 found no
-// test would miss: two shards come due at once, so the keeper lets go of the role with release
-// (not releaseLater: no watchdog), advances one and queues the other; both callbacks block. Of
-// three workers, the third must become the keeper, by release's nudge, so that a timer on a third
-// shard fires on time. Without the nudge it waited for a blocked callback (95 ms here).
-func TestReview36PinReleaseNudgesTheNextKeeper(t *testing.T) {
+// TestExpiryYieldNudgesTheNextKeeper: two shards come due at once, so the keeper lets go of the
+// role with yield (not yieldLater: no watchdog), and their two callbacks block two of the three
+// workers. The third must become the keeper, by yield's nudge, so that a timer on a third shard
+// fires on time (within a tick or two), not after a blocked callback (95ms).
+func TestExpiryYieldNudgesTheNextKeeper(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	const tick = time.Millisecond
 	synctest.Test(t, func(t *testing.T) {
@@ -836,14 +825,14 @@ func TestReview36PinReleaseNudgesTheNextKeeper(t *testing.T) {
 	})
 }
 
-// TestReview38PinGoexitKeeperLosesNoWake: expiry.go's work now stops the unwound goroutine's
-// watchdog on a Goexit (expiry.go:147). The watchdog is what hands time over while the role is
-// free (releaseLater); with it stopped, only the replacement goroutine is left to take the role
-// (a replacement started 2 s late made this test fail, the timer 1.7 s late). Two workers: W1 is held in a callback that waits for a later timer's callback (so it can
-// neither keep time nor take a nudge), and the keeper's own callback calls runtime.Goexit right
-// after releaseLater freed the role. The later timer must still fire on time (fake time, exact:
-// within a tick of its deadline), or W1 would wait for it forever.
-func TestReview38PinGoexitKeeperLosesNoWake(t *testing.T) {
+// TestExpiryGoexitKeeperLosesNoWake: work stops the unwound goroutine's watchdog on a Goexit (so
+// that none outlives Stop), and the watchdog is what hands time over while the role is free
+// (yieldLater); with it stopped, the replacement goroutine must take the role at once. Two
+// workers: W1 is held in a callback that waits for a later timer's callback (so it can neither
+// keep time nor take a nudge), and the keeper's own callback calls runtime.Goexit right after
+// yieldLater freed the role. The later timer must still fire on time (fake time, exact: within a
+// tick of its deadline), or W1 would wait for it forever.
+func TestExpiryGoexitKeeperLosesNoWake(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	synctest.Test(t, func(t *testing.T) {
 		const tick = 10 * time.Millisecond

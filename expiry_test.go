@@ -80,8 +80,9 @@ func TestClockSystemNeverEarly(t *testing.T) {
 }
 
 // TestExpirySlowCallbackHoldsNothing: a callback that blocks its worker must not hold up the
-// timers that come due after it, on its own shard or another: the worker gave up the keeper role
-// and its shard's claim before it ran the callback, so the other worker keeps time.
+// timers that come due after it, on its own shard or another: the worker let go of the keeper
+// role before it advanced the shard, and the shard can be taken over while its callbacks run, so
+// the other worker keeps time and fires them.
 func TestExpirySlowCallbackHoldsNothing(t *testing.T) {
 	w, err := sw.New(sw.WithWorkers(2), sw.WithShards(1))
 	require.NoError(t, err)
@@ -102,8 +103,9 @@ func TestExpirySlowCallbackHoldsNothing(t *testing.T) {
 
 // TestExpiryFloodWithStopsAndStop: floods due at one instant on every shard while other
 // goroutines stop half of them and Wheel.Stop comes in the middle: workers advance shards in
-// bounded steps and steal chunks from each other while Stops race both. Every timer is counted
-// exactly once (ran, stopped, or returned by Stop) and none runs twice or after Stop returned.
+// bounded steps and hand shares of what fired to each other through the queue while Stops race
+// both. Every timer is counted exactly once (ran, stopped, or returned by Stop), none runs twice,
+// and none runs after Stop (called from outside the wheel) returned.
 func TestExpiryFloodWithStopsAndStop(t *testing.T) {
 	for _, procs := range []int{1, 2, 4} {
 		func() {
@@ -164,9 +166,9 @@ func TestExpiryFloodWithStopsAndStop(t *testing.T) {
 // TestScaleFlood fires 100k timers (1M with SHARDWHEEL_SCALE=1M and without -short) through the
 // worker pool, with callbacks that spin briefly, and requires that the live goroutines never
 // exceed the test's baseline plus one watchdog goroutine (expiry.go) plus the workers: a flood
-// runs on the pool, never on a goroutine per timer. Every timer fires once and none early. The same flood on
-// time.AfterFunc (a goroutine per expiry) is run beside it; the time, peak goroutines and peak
-// heap of both are logged, not asserted.
+// runs on the pool, never on a goroutine per timer. Every timer fires once and none early. The
+// same flood on time.AfterFunc (a goroutine per expiry) is run beside it; the time, peak
+// goroutines and peak heap of both are logged, not asserted.
 func TestScaleFlood(t *testing.T) {
 	n := 100_000
 	if !testing.Short() && os.Getenv("SHARDWHEEL_SCALE") == "1M" {
@@ -288,8 +290,9 @@ func (s *scaleSampler) stop() (goroutines int, heap uint64) {
 }
 
 // TestSynctestBubble runs a Wheel on its default (system) clock inside a testing/synctest bubble:
-// its clock goroutine and workers sleep on the bubble's fake time, so timers, deadlines and Every
-// fire exactly as fake time passes, and synctest.Wait returns once the wheel is idle.
+// its workers (one of which keeps time) sleep on the bubble's fake time, so timers, deadlines and
+// Every fire exactly as fake time passes, never early, and synctest.Wait returns once the wheel
+// is idle.
 func TestSynctestBubble(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w, err := sw.New()
@@ -379,9 +382,8 @@ func TestSynctestKeyed(t *testing.T) {
 
 // TestSynctestDueNowWhileCallbackBlocks: while a callback blocks the worker that was keeping time
 // (it let go of the role without waking another worker, expecting to be done within the tick), a
-// timer armed with d = 0 runs at once on the other worker, before fake time moves: the producer
-// signals and the signal wakes an idle worker to keep time. (A review's repro: before the fix the
-// timer waited for the watchdog, a tick later.)
+// timer armed with d = 0 runs at once on the other worker, before fake time moves, not at the
+// watchdog a tick later: the producer signals and the signal wakes an idle worker to keep time.
 func TestSynctestDueNowWhileCallbackBlocks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w, err := sw.New(sw.WithWorkers(2))

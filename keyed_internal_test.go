@@ -104,11 +104,10 @@ func (r *keyedHookRig) finish(t *testing.T) {
 	require.Equal(t, s.Scheduled, s.Fired+s.Stopped+s.Dropped+uint64(s.Pending), "stats %+v", s)
 }
 
-// TestKeyedMoveWhileDueNotRun (review 26): a key whose timer fired inside the wheel and whose
-// callback waits in the worker queue (behind a blocker on the only worker) is still armed: Move
-// reports true and re-arms it, the old callback does not fire, and the key fires once, with its
-// value, d after the Move. Before the fix Move reported false (absent) and the key fired after
-// Move returned.
+// TestKeyedMoveWhileDueNotRun: a key whose timer fired inside the wheel and whose callback waits
+// in the worker queue (behind a blocker on the only worker) is still armed: Move reports true and
+// re-arms it, the old callback does not fire, and the key fires once, with its value, d after the
+// Move. (A false would tell the caller that the key had fired, and yet it would fire after.)
 func TestKeyedMoveWhileDueNotRun(t *testing.T) {
 	r := newKeyedHookRig(t, WithWorkers(1))
 	gate, started := newPausePoint(), make(chan struct{})
@@ -297,11 +296,10 @@ func TestKeyedMoveRefused(t *testing.T) {
 	})
 }
 
-// TestKeyedSetFiredBeforeInstallDisplacesCurrent (review 26's side remark): Set A's arming
-// fires (d = 0) before A installed it, while the arming of a Set B that returned meanwhile is
-// current. A is ordered after B, so the key fires once, with A's value, and B's arming is
-// displaced and stopped. Before the fix B's arming stayed current and fired too, after A's:
-// two fires, the older value last.
+// TestKeyedSetFiredBeforeInstallDisplacesCurrent: Set A's arming fires (d = 0) before A installed
+// it, while the arming of a Set B that returned meanwhile is current. A is ordered after B, so the
+// key fires once, with A's value, and B's arming is displaced and stopped: it must not fire too,
+// after A's, with the older value last.
 func TestKeyedSetFiredBeforeInstallDisplacesCurrent(t *testing.T) {
 	r := newKeyedHookRig(t)
 	armed := r.pauseArmed()
@@ -319,10 +317,9 @@ func TestKeyedSetFiredBeforeInstallDisplacesCurrent(t *testing.T) {
 	r.finish(t)
 }
 
-// TestKeyedSetAfterFireBeforeInstallNotLost: Set A's arming fires before A installed it; a
-// Set C of the key, after that fire, installs its own arming and returns; A's install then
-// must leave C's arming in place (it is ordered after A's fire), and C's value fires. Before
-// the fix A's Compute deleted the key and stopped C's arming: C was lost.
+// TestKeyedSetAfterFireBeforeInstallNotLost: Set A's arming fires before A installed it; a Set C
+// of the key, after that fire, installs its own arming and returns; A's install then leaves C's
+// arming in place (it is ordered after A's fire), and C's value fires: C is not lost.
 func TestKeyedSetAfterFireBeforeInstallNotLost(t *testing.T) {
 	r := newKeyedHookRig(t)
 	armed := r.pauseArmed()
@@ -448,12 +445,12 @@ func TestKeyedMoveStormWhileFiring(t *testing.T) {
 	}
 }
 
-// TestReview29SetFiresInPlaceOfDecidingArming: the current arming's timer came due and its
+// TestKeyedSetFiresInPlaceOfDecidingArming: the current arming's timer came due and its
 // callback is paused before its decision; a Set of the key (its in-place Reset fails) arms a new
 // arming due at once, which fires before the Set installed it. It fires in place of the current
 // arming, whose callback then finds itself displaced: one fire, with the Set's value, and the
 // Set's Compute leaves the key absent. Nothing is left armed or pending.
-func TestReview29SetFiresInPlaceOfDecidingArming(t *testing.T) {
+func TestKeyedSetFiresInPlaceOfDecidingArming(t *testing.T) {
 	r := newKeyedHookRig(t)
 	deciding := r.dueAndDeciding(t)
 	armed := r.pauseArmed()
@@ -472,11 +469,11 @@ func TestReview29SetFiresInPlaceOfDecidingArming(t *testing.T) {
 	r.finish(t)
 }
 
-// TestReview29SetFiresInPlaceWhileMoveInstalls: a Move of a due key is paused between arming its
+// TestKeyedSetFiresInPlaceWhileMoveInstalls: a Move of a due key is paused between arming its
 // new timer b (b.prev = the due arming a) and installing it, while a Set's arming, due at once
 // and not installed either, fires in a's place. a is gone for good, so b, coming due too, does
 // not fire, and Move (ordered after the fire) reports false and stops b. One fire, the Set's.
-func TestReview29SetFiresInPlaceWhileMoveInstalls(t *testing.T) {
+func TestKeyedSetFiresInPlaceWhileMoveInstalls(t *testing.T) {
 	r := newKeyedHookRig(t, WithWorkers(3))
 	deciding := r.dueAndDeciding(t)
 	moveArmed := r.pauseArmed()
@@ -506,12 +503,12 @@ func TestReview29SetFiresInPlaceWhileMoveInstalls(t *testing.T) {
 	r.finish(t)
 }
 
-// TestReview29MoveDuringWheelStop: a Move of a due key while Wheel.Stop is in progress. The
-// key's callback waits in the queue behind a blocker; Stop has closed the ring and waits for the
-// blocker. Move cannot arm a new timer (ErrClosed): it reports false and changes nothing; the
-// queued callback runs within Stop, and the key fires once with its value; Drain then finds
-// nothing.
-func TestReview29MoveDuringWheelStop(t *testing.T) {
+// TestKeyedMoveDuringWheelStopArmsNothing: a Move of a due key while Wheel.Stop is in progress.
+// The key's callback waits in the queue behind a blocker; Stop, called from outside the wheel, has
+// closed the ring and waits for the blocker. Move cannot arm a new timer (ErrClosed): it reports
+// false and changes nothing; the queued callback, taken from the wheel before Stop, runs before
+// Stop returns, and the key fires once with its value; Drain then finds nothing.
+func TestKeyedMoveDuringWheelStopArmsNothing(t *testing.T) {
 	r := newKeyedHookRig(t, WithWorkers(1))
 	gate, started := newPausePoint(), make(chan struct{})
 	r.pauses = append(r.pauses, gate)
@@ -537,12 +534,12 @@ func TestReview29MoveDuringWheelStop(t *testing.T) {
 	requireBalanced(t, r.w)
 }
 
-// TestReview37PinKeyedSetPausedAcrossStop: a Set of an absent key paused between arming its
-// timer and installing it (keyed.go:153) while Wheel.Stop drops that timer; the Set then
-// installs the arming and reports nil (it is ordered before Stop). The key never fires, is
-// counted by Len and collected by Drain with its value, once; a later Set reports ErrClosed
-// and changes nothing.
-func TestReview37PinKeyedSetPausedAcrossStop(t *testing.T) {
+// TestKeyedSetPausedAcrossStopKeepsValue: a Set of an absent key is paused between arming its
+// timer and installing it while Wheel.Stop drops that timer; the Set then installs the arming and
+// reports nil (it is ordered before Stop). The key never fires, is counted by Len and collected by
+// Drain with its value, once; a later Set reports ErrClosed and a later Move false, and neither
+// changes anything.
+func TestKeyedSetPausedAcrossStopKeepsValue(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	r := newKeyedHookRig(t)
 	armed := r.pauseArmed()
@@ -567,12 +564,12 @@ func TestReview37PinKeyedSetPausedAcrossStop(t *testing.T) {
 	}
 }
 
-// TestReview37PinKeyedMoveOfDueKeyAcrossStop: a key due, its callback paused before its decision
-// (keyed.go:296); a Move takes the slow path (keyed.go:190) and is paused between arming b and
-// installing it (keyed.go:222); Wheel.Stop starts (and waits for the paused callback). The Move
-// installs b and reports true, the old callback finds its arming displaced and does not fire,
-// Stop returns having dropped b, and the key, armed, is drained once with its value.
-func TestReview37PinKeyedMoveOfDueKeyAcrossStop(t *testing.T) {
+// TestKeyedMoveOfDueKeyAcrossStop: a key is due and its callback paused before its decision; a
+// Move, whose Reset fails, arms a new timer b and is paused before installing it; Wheel.Stop starts
+// from outside the wheel (and waits for the paused callback). The Move installs b and reports
+// true, the old callback finds its arming displaced and does not fire, Stop returns having dropped
+// b (its count is 1), and the key, still armed, is drained once with its value.
+func TestKeyedMoveOfDueKeyAcrossStop(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	r := newKeyedHookRig(t)
 	deciding := r.dueAndDeciding(t)

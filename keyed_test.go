@@ -59,6 +59,8 @@ func (r *keyedRig) requireFiredAt(t *testing.T, d time.Duration, want ...string)
 	require.Equal(t, want, got)
 }
 
+// TestKeyedSetFiresOnceThenAbsent: a Set key fires once, with its value, at its delay and not
+// before, and is then absent (Move and Remove report false); a Set after the fire arms it again.
 func TestKeyedSetFiresOnceThenAbsent(t *testing.T) {
 	r := newKeyedRig(t)
 	require.NoError(t, r.k.Set("a", 1, 10*time.Second))
@@ -80,6 +82,7 @@ func TestKeyedSetFiresOnceThenAbsent(t *testing.T) {
 	r.requireFiredAt(t, time.Second, "a=3")
 }
 
+// TestKeyedSetDueNow: a delay of zero or less fires at the next Advance, as AfterFunc's does.
 func TestKeyedSetDueNow(t *testing.T) {
 	r := newKeyedRig(t)
 	require.NoError(t, r.k.Set("a", 1, 0))
@@ -89,6 +92,8 @@ func TestKeyedSetDueNow(t *testing.T) {
 	require.Equal(t, 0, r.k.Len())
 }
 
+// TestKeyedSetReArmsWithLatestValue: a Set of an armed key re-arms it, earlier or later, with the
+// new value: the key fires once, at the latest Set's delay, with its value, and one timer stays.
 func TestKeyedSetReArmsWithLatestValue(t *testing.T) {
 	r := newKeyedRig(t)
 	require.NoError(t, r.k.Set("a", 1, 10*time.Second))
@@ -105,6 +110,8 @@ func TestKeyedSetReArmsWithLatestValue(t *testing.T) {
 	require.Equal(t, 0, r.w.Len())
 }
 
+// TestKeyedMove: Move re-arms an armed key, later or earlier, keeping its value, and reports
+// true; it reports false for an absent key, also once the key has fired.
 func TestKeyedMove(t *testing.T) {
 	r := newKeyedRig(t)
 	require.False(t, r.k.Move("a", time.Second), "absent")
@@ -118,6 +125,8 @@ func TestKeyedMove(t *testing.T) {
 	require.Equal(t, 0, r.w.Len())
 }
 
+// TestKeyedRemove: Remove disarms an armed key and reports true, stops its timer at once, and
+// nothing fires; it reports false for an absent key.
 func TestKeyedRemove(t *testing.T) {
 	r := newKeyedRig(t)
 	require.False(t, r.k.Remove("a"))
@@ -129,6 +138,8 @@ func TestKeyedRemove(t *testing.T) {
 	r.requireFiredAt(t, time.Hour)
 }
 
+// TestKeyedDrain: Drain disarms every key, calls fn with each key and its latest value, reports
+// how many, and stops every timer: nothing fires afterwards. A nil fn only disarms.
 func TestKeyedDrain(t *testing.T) {
 	r := newKeyedRig(t)
 	require.Equal(t, 0, r.k.Drain(nil))
@@ -149,6 +160,8 @@ func TestKeyedDrain(t *testing.T) {
 	r.requireFiredAt(t, time.Hour)
 }
 
+// TestKeyedDrainAfterWheelStop: a key whose timer Wheel.Stop dropped never fires but stays armed,
+// and Drain collects it.
 func TestKeyedDrainAfterWheelStop(t *testing.T) {
 	r := newKeyedRig(t)
 	require.NoError(t, r.k.Set("a", 1, time.Second))
@@ -159,6 +172,9 @@ func TestKeyedDrainAfterWheelStop(t *testing.T) {
 	require.Equal(t, []string{"a"}, got)
 }
 
+// TestKeyedErrors: past WithMaxPending, Set of a new key reports ErrTooManyTimers and changes
+// nothing, while Move and Remove of armed keys still work; after Wheel.Stop, Set reports
+// ErrClosed; NewKeyed panics on a nil func or a nil *Wheel.
 func TestKeyedErrors(t *testing.T) {
 	r := newKeyedRig(t, sw.WithMaxPending(2))
 	require.NoError(t, r.k.Set("a", 1, time.Second))
@@ -181,6 +197,8 @@ func TestKeyedErrors(t *testing.T) {
 	})
 }
 
+// TestKeyedMoveAllocatesNothing: Move of an armed key, the keep-alive's hot path, allocates
+// nothing, and the key still fires once at the last Move's delay.
 func TestKeyedMoveAllocatesNothing(t *testing.T) {
 	r := newKeyedRig(t)
 	require.NoError(t, r.k.Set("conn-1", 1, time.Minute))
@@ -213,6 +231,35 @@ func TestKeyedSetAllocatesNothing(t *testing.T) {
 	r.requireFiredAt(t, time.Minute, "conn-1=-1")
 	require.Zero(t, r.k.Len())
 	requireBalance(t, r.w)
+}
+
+// TestKeyedSetWhileQueuedReplacesValue: API.md: "A key fires at most once per arming, with the
+// value of its latest Set". A Set that comes while the key's callback is due and waits in the
+// queue (taken from the wheel, behind a blocker on the only worker) re-arms the key: the old
+// arming never fires, and the new value fires once, at its own time. The key is then absent.
+func TestKeyedSetWhileQueuedReplacesValue(t *testing.T) {
+	r := newKeyedRig(t, sw.WithWorkers(1), sw.WithShards(1))
+	in, release := make(chan struct{}), make(chan struct{})
+	_, err := r.w.AfterFunc(time.Millisecond, func() { close(in); <-release })
+	require.NoError(t, err)
+	require.NoError(t, r.k.Set("k", 1, time.Millisecond))
+	r.clock.Advance(time.Millisecond) // the blocker runs; the key's callback waits in the queue
+	<-in
+	require.NoError(t, r.k.Set("k", 2, 5*time.Millisecond))
+	require.Equal(t, 1, r.k.Len())
+	close(release)
+	require.Eventually(t, func() bool { return r.w.Stats().Queued == 0 }, 5*time.Second, time.Millisecond)
+	require.Empty(t, r.takeFired(), "the displaced arming fired")
+	r.clock.Advance(5 * time.Millisecond)
+	require.Eventually(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.fired) == 1 },
+		5*time.Second, time.Millisecond)
+	require.Zero(t, r.w.Stop())
+	require.Equal(t, []string{"k=2"}, r.takeFired())
+	require.Zero(t, r.k.Len())
+	require.False(t, r.k.Move("k", time.Second))
+	require.False(t, r.k.Remove("k"))
+	requireBalance(t, r.w)
+	require.Equal(t, r.w.Stats().Fired, r.w.Stats().Lateness.Count())
 }
 
 // firingWheel returns a wheel whose timers come due while a test runs: on a manual clock

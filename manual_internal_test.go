@@ -102,9 +102,8 @@ func TestClockRoundsAcrossWheels(t *testing.T) {
 
 // TestClockRoundsConcurrentAdvancesNoDeadlock: wheels on one manual clock, with workers and a
 // small queue under the Block policy and one with WithWorkers(0), advanced by several goroutines
-// at once, while callbacks arm timers on the other wheels and call Advance themselves (review
-// 33 found two such Advances waiting for each other's wheel for good). Everything finishes, each
-// timer runs once, none early.
+// at once, while callbacks arm timers on the other wheels and call Advance themselves. No two
+// Advances wait for each other's wheel: everything finishes, each timer runs once, none early.
 func TestClockRoundsConcurrentAdvancesNoDeadlock(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	for seed := int64(0); seed < 6; seed++ {
@@ -190,12 +189,11 @@ func TestClockRoundsConcurrentAdvancesNoDeadlock(t *testing.T) {
 	}
 }
 
-// ManualClock.Advance's rule for a d <= 0 timer armed by a callback (found by the third review:
-// its doc said such a timer always waits for the next Advance). It is due at the clock's time,
-// which is the end of this Advance: armed in a round at an earlier instant (a 5 ms timer's, in
-// an Advance to 10 ms) it fires in the round at 10 ms of the same Advance; armed in that last
-// round it waits for the next Advance, or a callback that re-arms itself would never let Advance
-// return.
+// TestManualCallbackDueNowByRound: ManualClock.Advance's rule for a d <= 0 timer armed by a
+// callback. It is due at the clock's time, which is the end of this Advance: armed in a round at
+// an earlier instant (a 5ms timer's, in an Advance to 10ms) it fires in the round at 10ms of the
+// same Advance; armed in that last round it waits for the next Advance, or a callback that
+// re-arms itself would never let Advance return.
 func TestManualCallbackDueNowByRound(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clk), WithShards(1), WithWorkers(0), WithTick(time.Millisecond))
@@ -218,11 +216,12 @@ func TestManualCallbackDueNowByRound(t *testing.T) {
 	require.Equal(t, []string{"from 5 ms", "from 10 ms"}, fired)
 }
 
-// TestManualCallbackArmedDueNowWaitsWithStaleShard (found by review): with a manual clock a
-// d <= 0 timer armed by a callback fires at the next Advance, not in the same one. A producer's
-// own drain on a shard idle since tick 0 used to note the start of a level-2 bucket (4096) in
-// next, below the tick of the round that ran the callback (4106): Advance took a round at 4096,
-// and then one at 4106 again, which ran the new timer.
+// TestManualCallbackArmedDueNowWaitsWithStaleShard: a d <= 0 timer armed by a callback in the last
+// round of an Advance fires at the next Advance, not in the same one, also when the callback
+// fills another shard's ring so that its producer drains the ring itself, on a shard idle since
+// tick 0. That drain must not leave the shard's next below the round that ran the callback (the
+// start of a level-2 bucket, 4096ms, against 4106ms): Advance would take a round there and then
+// one at 4106ms again, which would run the new timer in this Advance.
 func TestManualCallbackArmedDueNowWaitsWithStaleShard(t *testing.T) {
 	clock := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clock), WithShards(2), WithRingSize(8), WithWorkers(0))
@@ -247,15 +246,13 @@ func TestManualCallbackArmedDueNowWaitsWithStaleShard(t *testing.T) {
 	}
 }
 
-// TestReview27EndOfTimeOnLateWheel (bug, huge delays): ManualClock.Advance says the clock
-// "saturates at math.MaxInt64 nanoseconds past its start, the end of time, where every timer is
-// due", and API.md that any d up to math.MaxInt64 fires at its time, never lost. A wheel attached
-// to a clock that had already moved keeps time as the clock's elapsed minus manualBase
-// (clock.go:113), which stops at math.MaxInt64-manualBase, but deadlineFrom saturates at
-// math.MaxInt64 (clock.go:127): a timer whose deadline lands past the wheel's own end of time is
-// never due, on a clock that can move no further. Its callback never runs, Len stays 1. (So does
-// AfterFunc(1ns) armed at the end of time, which fires on a wheel made before the clock moved.)
-func TestReview27EndOfTimeOnLateWheel(t *testing.T) {
+// TestManualEndOfTimeOnWheelMadeLate: the manual clock "saturates at math.MaxInt64 nanoseconds
+// past its start, the end of time, where every timer is due" (Advance's doc), and any d up to
+// math.MaxInt64 fires at its time, never lost (API.md). A wheel made after its clock had moved
+// keeps time from its own start (manualBase), and its deadlines saturate at the end of time:
+// the clock's end of time is the wheel's too. AfterFunc(math.MaxInt64) fires when the clock gets
+// there, and so does AfterFunc(1ns) armed there; nothing is left pending.
+func TestManualEndOfTimeOnWheelMadeLate(t *testing.T) {
 	m := NewManualClock(time.Unix(0, 0))
 	m.Advance(time.Hour) // the clock served another wheel first
 	w, err := New(WithClock(m), WithShards(1), WithWorkers(0))
@@ -274,13 +271,12 @@ func TestReview27EndOfTimeOnLateWheel(t *testing.T) {
 	require.Zero(t, w.Len())
 }
 
-// TestReview33FixedAdvanceOrderAcrossWheels: ManualClock.Advance "dispatches every timer of every
-// wheel on this clock whose deadline is at or before the new time, in order of deadline rounded
-// up to the tick (ties in any order). With WithWorkers(0) those callbacks have also run". With
-// two wheels on one clock, Advance (clock.go:85-87) advances the first wheel to the new time
-// and only then the second: a timer of the first wheel due at 5ms runs before one of the second
-// due at 1ms.
-func TestReview33FixedAdvanceOrderAcrossWheels(t *testing.T) {
+// TestManualAdvanceOrderAcrossWheels: ManualClock.Advance "dispatches every timer of every wheel
+// on this clock whose deadline is at or before the new time, in order of deadline rounded up to
+// the tick (ties in any order), across wheels too". With two WithWorkers(0) wheels on one clock,
+// a timer of the second wheel due at 1ms runs before one of the first due at 5ms: Advance goes
+// in rounds over all the wheels, not one wheel to the new time and then the next.
+func TestManualAdvanceOrderAcrossWheels(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
 	a, err := New(WithClock(clk), WithWorkers(0), WithShards(1))
 	require.NoError(t, err)
@@ -297,14 +293,97 @@ func TestReview33FixedAdvanceOrderAcrossWheels(t *testing.T) {
 	require.Equal(t, []string{"b@1ms", "a@5ms"}, order, "timers of one Advance ran out of deadline order")
 }
 
-// TestReview33FixedAdvanceLeavesDueTimerOnEarlierWheel: "When Advance returns, every timer whose
+// TestManualAdvanceOrderAcrossShardsWithResets: "with WithWorkers(0) ... timers due within one
+// Advance ran in the order of their deadlines (rounded to the tick; ties in any order)" (API.md),
+// with timers armed from several goroutines onto every shard, spread over several levels, half
+// of them Reset (earlier or later) and some stopped before the Advance, and the clock moved in a
+// few uneven jumps. After each Advance: what it ran is in deadline order, none early, and every
+// timer not stopped whose deadline has come has run; in the end each such timer ran once.
+func TestManualAdvanceOrderAcrossShardsWithResets(t *testing.T) {
+	const tick = time.Millisecond
+	for seed := int64(1); seed <= 3; seed++ {
+		w, clk := newManualWheel(t, WithWorkers(0), WithShards(4), WithTick(tick))
+		type rec struct{ id, when int64 }
+		var fired []rec
+		want := map[int64]int64{} // the deadline of each timer not stopped, by id
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for g := int64(0); g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				x := uint64(seed*7919 + g*104729)
+				rnd := func(n int64) int64 { x ^= x << 13; x ^= x >> 7; x ^= x << 17; return int64(x % uint64(n)) }
+				for i := int64(0); i < 300; i++ {
+					id := g*1000 + i
+					d := rnd(int64(20 * time.Second))
+					var when atomic.Int64
+					when.Store(d)
+					tm, err := w.AfterFunc(time.Duration(d), func() {
+						fired = append(fired, rec{id, when.Load()})
+					})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					switch rnd(4) {
+					case 0, 1:
+						d2 := rnd(int64(20 * time.Second))
+						when.Store(d2)
+						if !tm.Reset(time.Duration(d2)) {
+							t.Error("Reset of a pending timer reported false")
+						}
+						d = d2
+					case 2:
+						if rnd(3) == 0 {
+							if !tm.Stop() {
+								t.Error("Stop of a pending timer reported false")
+							}
+							continue
+						}
+					}
+					mu.Lock()
+					want[id] = d
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		for _, step := range []time.Duration{3 * time.Millisecond, 777 * time.Millisecond, 5 * time.Second, 15 * time.Second} {
+			before := len(fired)
+			clk.Advance(step)
+			now := int64(clk.Now().Sub(time.Unix(0, 0)))
+			batch := fired[before:]
+			for i := 1; i < len(batch); i++ {
+				a, b := w.ceil(batch[i-1].when), w.ceil(batch[i].when)
+				require.LessOrEqual(t, a, b, "seed %d: %v fired before %v", seed, batch[i-1], batch[i])
+			}
+			for _, r := range batch {
+				require.LessOrEqual(t, r.when, now, "fired early")
+			}
+			ran := map[int64]bool{}
+			for _, r := range fired {
+				ran[r.id] = true
+			}
+			for id, d := range want {
+				if d <= now {
+					require.True(t, ran[id], "seed %d: timer %d due at %d not run by %d", seed, id, d, now)
+				}
+			}
+		}
+		require.Len(t, fired, len(want))
+		r31Balance(t, w)
+	}
+}
+
+// TestManualCallbackDueNowOnOtherWheelFiresInSameAdvance: "When Advance returns, every timer whose
 // deadline is at or before the new time has been dispatched" (API.md), and "A timer armed with
 // d <= 0 by a callback of this Advance is due at the clock's new time: it fires in this Advance
-// if the callback ran in a round at an earlier instant" (Advance's doc). A callback of the
-// second wheel on the clock, running in the round at 1ms of an Advance to 10ms, arms a timer
-// with d = 0 on the first wheel, which Advance has already finished with (clock.go:85-87): the
-// timer is due at 10ms, Advance returns, and it has not run.
-func TestReview33FixedAdvanceLeavesDueTimerOnEarlierWheel(t *testing.T) {
+// if the callback ran in a round at an earlier instant" (Advance's doc), across wheels too. A
+// callback of the second wheel on the clock, running in the round at 1ms of an Advance to 10ms,
+// arms a timer with d = 0 on the first wheel: when that Advance returns the timer is no longer
+// pending, and it has run.
+func TestManualCallbackDueNowOnOtherWheelFiresInSameAdvance(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
 	a, err := New(WithClock(clk), WithWorkers(0), WithShards(1))
 	require.NoError(t, err)
@@ -325,16 +404,16 @@ func TestReview33FixedAdvanceLeavesDueTimerOnEarlierWheel(t *testing.T) {
 	require.Zero(t, pending, "Advance returned with a timer due at its new time still pending on another wheel of the clock")
 }
 
-// TestReview33FixedAdvanceFromCallbacksTwoWheelsDeadlock: Advance from a callback is supported
-// ("Called from a callback while another Advance of the wheel is in progress, it moves the clock
-// and returns at once"), so are concurrent Advance calls and several wheels on one clock. Put
-// together they deadlock: goroutine G2's Advance has finished wheel a and is running a callback
-// of wheel b (holding b's advMu); goroutine G1's Advance holds a's advMu and runs a callback of
-// a. Each callback calls Advance: G1's skips a (its own advance) and waits for b's advMu
-// (clock.go:157-167: it is neither b's advancer nor b's worker), G2's waits for a's advMu. Neither
-// Advance ever returns, and neither wheel can be stopped (Stop waits for advMu too). On failure
-// the two goroutines stay blocked: the test reports the hang instead of hanging the package.
-func TestReview33FixedAdvanceFromCallbacksTwoWheelsDeadlock(t *testing.T) {
+// TestManualAdvanceFromCallbacksOnTwoWheelsNoDeadlock: Advance from a callback is supported
+// ("Called from a callback while another Advance of the wheel (or of another wheel on this
+// clock) is in progress, it moves the clock and returns at once"), and so are concurrent Advance
+// calls and several wheels on one clock, also together. Goroutine G2's Advance runs a callback of
+// wheel b (holding b's advMu) while goroutine G1's Advance runs a callback of wheel a (holding
+// a's); each callback calls Advance. Each such call is on a goroutine already inside an Advance,
+// so it moves the clock and returns at once: neither waits for the other's wheel, both Advances
+// return and both wheels stop. On failure the two goroutines stay blocked: the test reports the
+// hang instead of hanging the package.
+func TestManualAdvanceFromCallbacksOnTwoWheelsNoDeadlock(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
 	a, err := New(WithClock(clk), WithWorkers(0), WithShards(1))
 	require.NoError(t, err)
@@ -367,10 +446,11 @@ func TestReview33FixedAdvanceFromCallbacksTwoWheelsDeadlock(t *testing.T) {
 	b.Stop()
 }
 
-// TestReview33PinConcurrentAdvances: Advance from several goroutines at once, over timers on
-// several shards (and each callback arming another a little later): every timer runs exactly
-// once, none before its deadline, and when the last Advance has returned, everything due ran.
-func TestReview33PinConcurrentAdvances(t *testing.T) {
+// TestManualConcurrentAdvancesRunEachTimerOnce: Advance from several goroutines at once, over
+// timers on several shards (and each callback arming another a little later), with callbacks
+// inside Advance or on workers: every timer runs exactly once, none before its deadline, and
+// once the last Advance has returned everything due runs; the books balance.
+func TestManualConcurrentAdvancesRunEachTimerOnce(t *testing.T) {
 	for _, workers := range []int{0, 2} {
 		t.Run(strings.Repeat("w", workers+1), func(t *testing.T) {
 			w, clk := newManualWheel(t, WithWorkers(workers), WithShards(4))
@@ -442,8 +522,8 @@ func TestReview33PinConcurrentAdvances(t *testing.T) {
 	}
 }
 
-// wheels35 returns one wheel per option list on clk, stopped at the end of the test.
-func wheels35(t *testing.T, clk *ManualClock, optss ...[]Option) []*Wheel {
+// manualWheelsOn returns one wheel per option list on clk, stopped at the end of the test.
+func manualWheelsOn(t *testing.T, clk *ManualClock, optss ...[]Option) []*Wheel {
 	t.Helper()
 	var ws []*Wheel
 	for _, opts := range optss {
@@ -455,11 +535,11 @@ func wheels35(t *testing.T, clk *ManualClock, optss ...[]Option) []*Wheel {
 	return ws
 }
 
-// within35 waits for ch for up to 5s and reports whether it was closed.
-func within35(ch <-chan struct{}) bool { return waitFor35(ch, 5*time.Second) }
+// manualWithin waits for ch for up to 5s and reports whether it was closed.
+func manualWithin(ch <-chan struct{}) bool { return manualWaitFor(ch, 5*time.Second) }
 
-// waitFor35 waits for ch for up to d and reports whether it was closed.
-func waitFor35(ch <-chan struct{}, d time.Duration) bool {
+// manualWaitFor waits for ch for up to d and reports whether it was closed.
+func manualWaitFor(ch <-chan struct{}, d time.Duration) bool {
 	select {
 	case <-ch:
 		return true
@@ -468,15 +548,15 @@ func waitFor35(ch <-chan struct{}, d time.Duration) bool {
 	}
 }
 
-// endOfTime35 arms a timer of math.MaxInt64 on the first of n WithWorkers(0) wheels on one clock,
-// advances the clock to the end of time and returns how many times it fired.
-func endOfTime35(t *testing.T, n int) int {
+// manualEndOfTimeFires arms a timer of math.MaxInt64 on the first of n WithWorkers(0) wheels on
+// one clock, advances the clock to the end of time and returns how many times it fired.
+func manualEndOfTimeFires(t *testing.T, n int) int {
 	clk := NewManualClock(time.Unix(0, 0))
 	var optss [][]Option
 	for range n {
 		optss = append(optss, []Option{WithWorkers(0), WithShards(1)})
 	}
-	ws := wheels35(t, clk, optss...)
+	ws := manualWheelsOn(t, clk, optss...)
 	fired := 0
 	_, err := ws[0].AfterFunc(math.MaxInt64, func() { fired++ })
 	require.NoError(t, err)
@@ -485,31 +565,26 @@ func endOfTime35(t *testing.T, n int) int {
 	return fired
 }
 
-// TestReview35FixedEndOfTimeTwoWheels: "The clock saturates at math.MaxInt64 nanoseconds past its
-// start, the end of time, where every timer is due" (ManualClock.Advance's doc; `never`: "a timer
-// at the end of time fires when a manual clock is advanced that far"). A timer whose deadline
-// saturates at the end of time leaves its shard's next at never (noteDeadline lowers nothing), and
-// nextRound (clock.go:140) reports a wheel whose minNext is never as having nothing due, so with
-// two wheels on the clock rounds never gives that wheel a round: Advance(math.MaxInt64) returns
-// with the timer unfired. With one wheel (the pin below: advance itself, limit never) it fires.
-func TestReview35FixedEndOfTimeTwoWheels(t *testing.T) {
-	require.Equal(t, 1, endOfTime35(t, 2), "two wheels: a timer at the end of time did not fire at Advance(math.MaxInt64)")
+// TestManualEndOfTimeFiresWithOneOrMoreWheels: "The clock saturates at math.MaxInt64
+// nanoseconds past its start, the end of time, where every timer is due" (Advance's doc). A
+// timer whose deadline saturates there leaves its shard's next at never, the end of time itself;
+// Advance(math.MaxInt64) fires it once, whether its wheel is alone on the clock or one of two
+// (where Advance goes in rounds, which must count such a wheel as due at the end of time).
+func TestManualEndOfTimeFiresWithOneOrMoreWheels(t *testing.T) {
+	require.Equal(t, 1, manualEndOfTimeFires(t, 1), "one wheel: a timer at the end of time did not fire at Advance(math.MaxInt64)")
+	require.Equal(t, 1, manualEndOfTimeFires(t, 2), "two wheels: a timer at the end of time did not fire at Advance(math.MaxInt64)")
 }
 
-// TestReview35PinEndOfTimeOneWheel: the single-wheel path, unchanged.
-func TestReview35PinEndOfTimeOneWheel(t *testing.T) {
-	require.Equal(t, 1, endOfTime35(t, 1))
-}
-
-// TestReview35FixedEndOfTimeWheelMadeLater: the same through the door the doc names, "also of one
-// made after the clock had moved (manualBase > 0)" (nanos): a wheel made at 1s, with a tick of
-// 3ms, arms a timer of math.MaxInt64 (due at the end of time), next to a wheel made at 0 with a
-// timer at 1h. The round at 1h fires a's; b's is never given a round.
-func TestReview35FixedEndOfTimeWheelMadeLater(t *testing.T) {
+// TestManualEndOfTimeWheelMadeLaterBesideAnother: the same for a wheel made after the clock had
+// moved ("The clock's end of time is every wheel's, also of one made after the clock had
+// moved", nanos): a wheel made at 1s, with a tick of 3ms, arms a timer of math.MaxInt64 (due at
+// the end of time), next to a wheel made at 0 with a timer at 1h. Advance(math.MaxInt64) fires
+// both, in deadline order.
+func TestManualEndOfTimeWheelMadeLaterBesideAnother(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
-	a := wheels35(t, clk, []Option{WithWorkers(0)})[0]
+	a := manualWheelsOn(t, clk, []Option{WithWorkers(0)})[0]
 	clk.Advance(time.Second)
-	b := wheels35(t, clk, []Option{WithWorkers(0), WithTick(3 * time.Millisecond)})[0]
+	b := manualWheelsOn(t, clk, []Option{WithWorkers(0), WithTick(3 * time.Millisecond)})[0]
 	var order []string
 	_, err := a.AfterFunc(time.Hour, func() { order = append(order, "a") })
 	require.NoError(t, err)
@@ -519,19 +594,17 @@ func TestReview35FixedEndOfTimeWheelMadeLater(t *testing.T) {
 	require.Equal(t, []string{"a", "b"}, order, "every timer is due at the end of time")
 }
 
-// TestReview35FixedGoexitRerunOnlyToLimit: a worker's Advance that finds another wheel's advMu held
-// sets rerun and returns, "counting on this holder" (advanceManual's doc: "What is still due fires
-// at the next Advance, or now, on this goroutine as it unwinds, if a worker's Advance asked for a
-// rerun meanwhile"). When the holder is in rounds and its callback calls runtime.Goexit, the
-// deferred rerun (clock.go:259) advances only to the round's limit R, not to the clock's new
-// time, and the rounds that would have gone on are gone with the goroutine. Here wheel a's
-// callback at 1ms waits for b's worker to Advance the clock to 11ms (which sets a's rerun, a's
-// advMu being held) and then calls Goexit: a's timer at 5ms is never dispatched, though the
-// worker's Advance(10ms) returned and the holder has unwound. Before the change (limit never)
-// the unwinding rerun went to 11ms.
-func TestReview35FixedGoexitRerunOnlyToLimit(t *testing.T) {
+// TestManualGoexitInCallbackStillAdvancesToClock: a worker's Advance that finds another wheel's
+// advMu held sets rerun and returns, counting on the holder (manualAdvance); and a callback that
+// calls runtime.Goexit on the advancing goroutine ends it inside the advance, whose deferred call
+// then runs what a worker's Advance asked for meanwhile, to the clock's time (advanceHeld), not
+// only to the limit of the round it was in. Here wheel a's callback at 1ms waits for b's worker
+// to Advance the clock to 11ms (which sets a's rerun, a's advMu being held) and then calls
+// Goexit: a's timer at 5ms must still be dispatched once the holder has unwound, since the
+// worker's Advance(10ms) returned counting on it.
+func TestManualGoexitInCallbackStillAdvancesToClock(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
-	ws := wheels35(t, clk, []Option{WithWorkers(1), WithShards(1)}, []Option{WithWorkers(0), WithShards(1)})
+	ws := manualWheelsOn(t, clk, []Option{WithWorkers(1), WithShards(1)}, []Option{WithWorkers(0), WithShards(1)})
 	b, a := ws[0], ws[1]
 	inB, advanced := make(chan struct{}), make(chan struct{})
 	_, err := b.AfterFunc(time.Millisecond, func() { // on b's worker
@@ -554,23 +627,22 @@ func TestReview35FixedGoexitRerunOnlyToLimit(t *testing.T) {
 		defer close(ended)
 		clk.Advance(time.Millisecond)
 	}()
-	require.True(t, within35(ended), "the advancer did not end")
+	require.True(t, manualWithin(ended), "the advancer did not end")
 	require.Equal(t, 11*time.Millisecond, clk.Now().Sub(time.Unix(0, 0)))
 	require.Equal(t, int32(1), late.Load(),
 		"the clock is at 11ms, the worker's Advance returned counting on the holder, and the holder unwound: a's timer at 5ms was not dispatched")
 }
 
-// TestReview35FixedStoppedWheelCallbackAdvanceNests: "Called from a callback while another Advance
-// of the wheel (or of another wheel on this clock) is in progress, it moves the clock and returns
-// at once". A WithWorkers(0) callback that stops its own wheel and then calls Advance is not
-// recognised: Advance looks for self among the advancers of the wheels still attached
-// (clock.go:87-93), and Stop detached the wheel. So the inner Advance runs the other wheel's
-// timers up to the new time nested in the callback, before the rest of the stopped wheel's batch,
-// which "still run after Stop returns": b's timer at 2ms runs before a's second timer at 1ms
-// ("in order of deadline rounded up to the tick ... across wheels too").
-func TestReview35FixedStoppedWheelCallbackAdvanceNests(t *testing.T) {
+// TestManualAdvanceFromCallbackOfStoppedWheelReturnsAtOnce: "Called from a callback while another
+// Advance of the wheel (or of another wheel on this clock) is in progress, it moves the clock and
+// returns at once", also when the callback has just stopped its own wheel (which takes it off the
+// clock). The inner Advance must not run the other wheel's timers nested in the callback, ahead
+// of the rest of the stopped wheel's batch, which was taken from the wheel before Stop and still
+// runs: a's second timer at 1ms runs before b's timer at 2ms ("in order of deadline rounded up to
+// the tick ... across wheels too").
+func TestManualAdvanceFromCallbackOfStoppedWheelReturnsAtOnce(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
-	ws := wheels35(t, clk, []Option{WithWorkers(0), WithShards(1)}, []Option{WithWorkers(0), WithShards(1)})
+	ws := manualWheelsOn(t, clk, []Option{WithWorkers(0), WithShards(1)}, []Option{WithWorkers(0), WithShards(1)})
 	a, b := ws[0], ws[1]
 	var order []string
 	nested := false
@@ -592,15 +664,15 @@ func TestReview35FixedStoppedWheelCallbackAdvanceNests(t *testing.T) {
 	require.Equal(t, []string{"a@1ms", "a@1ms", "b@2ms"}, order)
 }
 
-// TestReview35FixedWheelMadeDuringAdvance: "before it returns, dispatches every timer of every wheel
-// on this clock whose deadline is at or before the new time" and "A timer armed with d <= 0 by a
-// callback of this Advance is due at the clock's new time: it fires in this Advance if the callback
-// ran in a round at an earlier instant". A callback in the round at 1ms of an Advance to 3ms makes
-// a wheel on the clock and arms a timer on it at once. Advance took its list of wheels once, before
-// the rounds (clock.go:84-86), and never looks again: the timer waits for the next Advance.
-func TestReview35FixedWheelMadeDuringAdvance(t *testing.T) {
+// TestManualWheelMadeDuringAdvanceGetsItsRounds: "before it returns, dispatches every timer of
+// every wheel on this clock whose deadline is at or before the new time" and "A timer armed with
+// d <= 0 by a callback of this Advance is due at the clock's new time: it fires in this Advance if
+// the callback ran in a round at an earlier instant". A callback in the round at 1ms of an
+// Advance to 3ms makes a wheel on the clock and arms a timer on it at once: Advance looks the
+// wheels up afresh each round, and the timer fires in this Advance.
+func TestManualWheelMadeDuringAdvanceGetsItsRounds(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
-	ws := wheels35(t, clk, []Option{WithWorkers(0), WithShards(1)}, []Option{WithWorkers(0), WithShards(1)})
+	ws := manualWheelsOn(t, clk, []Option{WithWorkers(0), WithShards(1)}, []Option{WithWorkers(0), WithShards(1)})
 	var c *Wheel
 	fired := 0
 	_, err := ws[0].AfterFunc(time.Millisecond, func() {
@@ -617,9 +689,9 @@ func TestReview35FixedWheelMadeDuringAdvance(t *testing.T) {
 	require.Equal(t, 1, fired, "a timer armed at once in the round at 1ms, due at 3ms, on a wheel of this clock, did not fire in the Advance to 3ms")
 }
 
-// stoppingWorker35 is the scenario of TestReview35FixedWorkerOfStoppingWheelAdvanceWaits, with a
+// manualWorkerAdvanceGaveUp runs TestManualWorkerAdvanceDoesNotWaitForHolder's scenario, with a
 // being stopped or not, and reports whether b's callback gave up waiting for a's worker.
-func stoppingWorker35(t *testing.T, stopping bool) (gaveUp bool) {
+func manualWorkerAdvanceGaveUp(t *testing.T, stopping bool) (gaveUp bool) {
 	clk := NewManualClock(time.Unix(0, 0))
 	a, err := New(WithClock(clk), WithWorkers(1), WithShards(1))
 	require.NoError(t, err)
@@ -635,63 +707,57 @@ func stoppingWorker35(t *testing.T, stopping bool) (gaveUp bool) {
 	})
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond)
-	require.True(t, within35(inA))
+	require.True(t, manualWithin(inA))
 	stopped := make(chan struct{})
 	if stopping {
 		go func() { defer close(stopped); a.Stop() }()
-		// finishStop has begun: a's Stop waits for its worker's callback.
+		// a's Stop has dropped its timers and closed quit; it waits for its worker's callback.
 		require.Eventually(t, func() bool { return isClosed(a.quit) }, 5*time.Second, time.Millisecond, "a's Stop did not begin")
 	}
 	_, err = b.AfterFunc(time.Millisecond, func() { // on the advancer below, holding b's advMu
 		close(goA)
-		gaveUp = !waitFor35(doneA, 3*time.Second)
+		gaveUp = !manualWaitFor(doneA, 3*time.Second)
 	})
 	require.NoError(t, err)
 	advanced := make(chan struct{})
 	go func() { defer close(advanced); clk.Advance(time.Millisecond) }()
 	// On failure b's callback gives up after 3s, and then everything finishes.
-	require.True(t, waitFor35(advanced, 10*time.Second))
-	require.True(t, waitFor35(doneA, 10*time.Second))
+	require.True(t, manualWaitFor(advanced, 10*time.Second))
+	require.True(t, manualWaitFor(doneA, 10*time.Second))
 	if stopping {
-		require.True(t, waitFor35(stopped, 10*time.Second))
+		require.True(t, manualWaitFor(stopped, 10*time.Second))
 	} else {
 		a.Stop()
 	}
 	return gaveUp
 }
 
-// TestReview35FixedWorkerOfStoppingWheelAdvanceWaits: the change's promise, "a worker's Advance
-// never waits for another wheel" (inCallback: "an Advance there must not wait for another wheel's
-// advMu, whose holder may be waiting ... for g itself"). inCallback (clock.go:149-158) looks for g among
-// the workers of the wheels attached to the clock, and Stop detaches its wheel (shardwheel.go:374)
-// before it waits for that wheel's workers to finish their callbacks (finishStop). So a worker of
-// wheel a while a is being stopped, still running its callback, is taken for an outsider: its
-// Advance Locks b's advMu (clock.go:239), whose holder runs b's callback that waits for that
-// worker's Advance to return. Each waits for the other (here for 3s, then b's callback gives up
-// and the test fails); without the Stop (the pin below) the worker's Advance sets rerun and
-// returns.
-func TestReview35FixedWorkerOfStoppingWheelAdvanceWaits(t *testing.T) {
+// TestManualWorkerAdvanceDoesNotWaitForHolder: a worker's Advance never waits for another
+// goroutine's advance ("an Advance there must not wait for another goroutine's advance, which may
+// be waiting ... for g itself", inCallback), also while the worker's own wheel is being stopped.
+// a's worker runs a callback that calls Advance while the Advance on another goroutine holds
+// b's advMu and runs b's callback, which waits for that worker's Advance to return. The worker's
+// Advance sets b's rerun and returns, and the holder's rounds go on to the new time. The worker
+// stays a callback's goroutine from its start to its exit, also after its wheel's Stop took the
+// wheel off the clock (here a's Stop, from outside, waits for that callback meanwhile); were it
+// taken for an outsider, its Advance would wait for b's advMu and each would wait for the other
+// (here for 3s, then b's callback gives up and the test fails).
+func TestManualWorkerAdvanceDoesNotWaitForHolder(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	require.False(t, stoppingWorker35(t, true),
+	require.False(t, manualWorkerAdvanceGaveUp(t, false),
+		"the Advance of a callback on a's worker waited for b's advMu, held by the Advance that waits for that callback")
+	require.False(t, manualWorkerAdvanceGaveUp(t, true),
 		"the Advance of a callback on a worker of a wheel being stopped waited for b's advMu, held by the Advance that waits for that callback")
 }
 
-// TestReview35PinWorkerAdvanceDoesNotWaitForHolder: the same without a's Stop: a's worker's
-// Advance sets b's rerun and returns, and the holder's rounds go on to the new time.
-func TestReview35PinWorkerAdvanceDoesNotWaitForHolder(t *testing.T) {
-	defer goleak.VerifyNone(t)
-	require.False(t, stoppingWorker35(t, false))
-}
-
-// TestReview35FixedWorkerAdvanceWaitsForOtherWheelsQueue: "a worker's Advance never waits for
-// another wheel" (the change's title). When a's worker calls Advance and no one else holds b's
-// advMu, its rounds take it and dispatch b's batch with Block, waiting for room in b's queue:
-// advanceManual's onWorker is b.isWorker(self) (clock.go:262), false for a's worker, so dispatch
-// waits (workers.go:152). b's worker, whose callback waits for a's callback, never makes room:
-// the same cycle inCallback breaks when another goroutine holds b's advMu (b's queue, its worker,
-// a's worker), closed here by a's worker holding advMu itself. b's callback gives up after 3s and
-// the test fails.
-func TestReview35FixedWorkerAdvanceWaitsForOtherWheelsQueue(t *testing.T) {
+// TestManualWorkerAdvanceNeverWaitsForOtherWheelsQueue: a worker's Advance never waits for
+// another wheel, also for room in its queue. When a's worker calls Advance and no one else holds
+// b's advMu, its rounds take it and dispatch b's batch; b's queue is full and b's worker, whose
+// callback waits for a's callback, never makes room. Advance from a callback of any wheel on the
+// clock is a worker's (inCallback), so dispatch runs the task on a's worker (as CallerRuns would)
+// rather than wait under Block: the cycle b's queue, b's worker, a's worker never closes. On
+// failure b's callback gives up after 3s and the test fails.
+func TestManualWorkerAdvanceNeverWaitsForOtherWheelsQueue(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	clk := NewManualClock(time.Unix(0, 0))
 	a, err := New(WithClock(clk), WithWorkers(1), WithShards(1))
@@ -709,7 +775,7 @@ func TestReview35FixedWorkerAdvanceWaitsForOtherWheelsQueue(t *testing.T) {
 	gaveUp := false
 	_, err = b.AfterFunc(time.Millisecond, func() { // on b's worker: waits for a's callback
 		close(inB)
-		gaveUp = !waitFor35(doneA, 3*time.Second)
+		gaveUp = !manualWaitFor(doneA, 3*time.Second)
 	})
 	require.NoError(t, err)
 	var bRuns atomic.Int32
@@ -718,12 +784,12 @@ func TestReview35FixedWorkerAdvanceWaitsForOtherWheelsQueue(t *testing.T) {
 		require.NoError(t, err)
 	}
 	clk.Advance(time.Millisecond)
-	require.True(t, within35(inA))
-	require.True(t, within35(inB))
+	require.True(t, manualWithin(inA))
+	require.True(t, manualWithin(inB))
 	clk.Advance(time.Millisecond) // b's timer at 2ms fills b's queue (size 1): its worker is busy
 	require.Eventually(t, func() bool { return len(b.pool.queue) == 1 }, 5*time.Second, time.Millisecond)
 	close(goA)
-	require.True(t, waitFor35(doneA, 10*time.Second))
+	require.True(t, manualWaitFor(doneA, 10*time.Second))
 	clk.Advance(0)
 	require.Eventually(t, func() bool { return bRuns.Load() == 2 }, 5*time.Second, time.Millisecond)
 	a.Stop()
@@ -731,17 +797,17 @@ func TestReview35FixedWorkerAdvanceWaitsForOtherWheelsQueue(t *testing.T) {
 	require.False(t, gaveUp, "a's worker's Advance waited for room in b's queue, which b's worker empties only after a's callback returns")
 }
 
-// concurrentReturn35 runs two Advances on a clock with n WithWorkers(0) wheels: the first is held
-// up inside a callback of a batch of two due at 1ms; the second, Advance(0) from another
-// goroutine, is let go 200ms after it began. It reports whether the other callback of that batch
-// had run when the second Advance returned.
-func concurrentReturn35(t *testing.T, n int) bool {
+// manualConcurrentAdvanceSawRun runs two Advances on a clock with n WithWorkers(0) wheels: the
+// first is held up inside a callback of a batch of two due at 1ms; the second, Advance(0) from
+// another goroutine, is let go 200ms after it began. It reports whether the other callback of that
+// batch had run when the second Advance returned.
+func manualConcurrentAdvanceSawRun(t *testing.T, n int) bool {
 	clk := NewManualClock(time.Unix(0, 0))
 	var optss [][]Option
 	for range n {
 		optss = append(optss, []Option{WithWorkers(0), WithShards(1)})
 	}
-	ws := wheels35(t, clk, optss...)
+	ws := manualWheelsOn(t, clk, optss...)
 	var first, other atomic.Bool
 	entered, release := make(chan struct{}), make(chan struct{})
 	for i := 0; i < 2; i++ {
@@ -757,7 +823,7 @@ func concurrentReturn35(t *testing.T, n int) bool {
 	}
 	h1 := make(chan struct{})
 	go func() { defer close(h1); clk.Advance(time.Millisecond) }()
-	require.True(t, within35(entered))
+	require.True(t, manualWithin(entered))
 	var ranAtReturn atomic.Bool
 	h2 := make(chan struct{})
 	go func() {
@@ -767,38 +833,34 @@ func concurrentReturn35(t *testing.T, n int) bool {
 	}()
 	time.Sleep(200 * time.Millisecond)
 	close(release)
-	require.True(t, within35(h1))
-	require.True(t, within35(h2))
+	require.True(t, manualWithin(h1))
+	require.True(t, manualWithin(h2))
 	return ranAtReturn.Load()
 }
 
-// TestReview35FixedConcurrentAdvanceReturnsBeforeDue: API.md, "When Advance returns, every timer
-// whose deadline is at or before the new time has been dispatched; with WithWorkers(0) it has also
-// run". With one wheel an Advance concurrent with another waits for advMu (the pin below), so it
-// returns once the other's batch has run. With two wheels, rounds decides from nextRound
-// (clock.go:113-120), and a wheel whose due timers another Advance has already taken out of the
-// shards (into its w.batch, running) looks idle: the second Advance returns at once while a timer
-// due at 1ms has neither run nor, as far as anyone can tell, been dispatched.
-func TestReview35FixedConcurrentAdvanceReturnsBeforeDue(t *testing.T) {
-	require.True(t, concurrentReturn35(t, 2),
-		"Advance(0) at 1ms returned while a WithWorkers(0) timer due at 1ms had not run (it waited in another Advance's batch)")
+// TestManualConcurrentAdvanceReturnsAfterDueRan: "When Advance returns, every timer whose
+// deadline is at or before the new time has been dispatched; with WithWorkers(0) it has also run"
+// (API.md), also when another goroutine's Advance has already taken that timer from the wheel and
+// is running its batch. With one wheel the second Advance waits for advMu; with two, a wheel whose
+// due timers are in another Advance's batch looks idle to the rounds, and the second Advance
+// takes each wheel's advMu once more before it returns (rounds). Either way, Advance(0) at 1ms
+// returns only once the other timer due at 1ms has run.
+func TestManualConcurrentAdvanceReturnsAfterDueRan(t *testing.T) {
+	require.True(t, manualConcurrentAdvanceSawRun(t, 1),
+		"one wheel: Advance(0) at 1ms returned while a timer due at 1ms had not run (it waited in another Advance's batch)")
+	require.True(t, manualConcurrentAdvanceSawRun(t, 2),
+		"two wheels: Advance(0) at 1ms returned while a timer due at 1ms had not run (it waited in another Advance's batch)")
 }
 
-// TestReview35PinConcurrentAdvanceOneWheelWaits: the single-wheel path, unchanged: the second
-// Advance waits for the first's advMu, and returns after the batch ran.
-func TestReview35PinConcurrentAdvanceOneWheelWaits(t *testing.T) {
-	require.True(t, concurrentReturn35(t, 1))
-}
-
-// TestReview35PinStopOtherWheelAndAdvanceFromCallback: WithWorkers(0) wheels of different ticks,
-// one made after the clock moved. In the round at 1ms a's callback stops c (which drops c's two
-// timers) and moves the clock on by 5ms; the rounds go on to 6ms, in order of deadline rounded
-// up to each wheel's tick across a and b, none early, each once.
-func TestReview35PinStopOtherWheelAndAdvanceFromCallback(t *testing.T) {
+// TestManualCallbackStopsOtherWheelAndAdvances: WithWorkers(0) wheels of different ticks, one made
+// after the clock moved. In the round at 1ms a's callback stops c (which drops c's two timers,
+// and returns their count) and moves the clock on by 5ms; the rounds go on to 6ms, in order of
+// deadline rounded up to each wheel's tick across a and b, none early, each once.
+func TestManualCallbackStopsOtherWheelAndAdvances(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
-	a := wheels35(t, clk, []Option{WithWorkers(0), WithShards(2)})[0]
+	a := manualWheelsOn(t, clk, []Option{WithWorkers(0), WithShards(2)})[0]
 	clk.Advance(700 * time.Microsecond)
-	ws := wheels35(t, clk, []Option{WithWorkers(0), WithTick(3 * time.Millisecond)}, []Option{WithWorkers(0)})
+	ws := manualWheelsOn(t, clk, []Option{WithWorkers(0), WithTick(3 * time.Millisecond)}, []Option{WithWorkers(0)})
 	b, c := ws[0], ws[1]
 	var order []string
 	arm := func(w *Wheel, name string, d time.Duration, f func()) {

@@ -14,6 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// TestManualClockOrderAcrossShards: with WithWorkers(0), timers on several shards that come due
+// within one Advance run in the order of their deadlines, whatever order they were armed in, and
+// the wheel's invariants hold afterwards.
 func TestManualClockOrderAcrossShards(t *testing.T) {
 	w, clk := manualWheel(t, sw.WithShards(4))
 	var got []int
@@ -30,6 +33,8 @@ func TestManualClockOrderAcrossShards(t *testing.T) {
 	require.NoError(t, w.Verify())
 }
 
+// TestManualClockPanicsOnNegativeAdvance: time does not go backwards: Advance of a negative
+// duration panics with a message naming it and leaves the clock usable.
 func TestManualClockPanicsOnNegativeAdvance(t *testing.T) {
 	clk := sw.NewManualClock(epoch)
 	require.PanicsWithValue(t, "shardwheel: ManualClock.Advance(-1s): duration must not be negative", func() { clk.Advance(-time.Second) })
@@ -273,10 +278,13 @@ func TestClockEndOfTimeOneNanosecondTick(t *testing.T) {
 	require.Equal(t, []int{0, 1, 2, 3, 4}, fired)
 }
 
-// TestManualClockAdvanceFromCallbackDeadlock (found by review): Advance's doc says that called from a callback
-// that Advance is running, it moves the clock and returns at once. On a worker it is not the
-// advancer goroutine, so it waits for advMu, held by the Advance that waits for the queue.
-func TestManualClockAdvanceFromCallbackDeadlock(t *testing.T) {
+// TestManualClockAdvanceFromWorkerCallbackReturns: Advance called from a callback while another
+// Advance of the wheel is in progress moves the clock and returns at once (Advance's doc), also
+// on a worker. Here the callback runs on the only worker while the Advance that dispatched it
+// waits (Block policy) for room in the one-slot queue that only this worker empties: an Advance
+// that waited for the one in progress would deadlock. The Advance in progress goes on to the
+// clock's new time before it returns: the timer due at 2ms runs too.
+func TestManualClockAdvanceFromWorkerCallbackReturns(t *testing.T) {
 	w, clk := blockingManualWheel(t)
 	first := true
 	ran := make(chan struct{}, 8)
@@ -296,16 +304,16 @@ func TestManualClockAdvanceFromCallbackDeadlock(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan struct{})
 	go func() { clk.Advance(time.Millisecond); close(done) }()
-	within(t, done, "deadlock: Advance blocks on the full queue, the only worker blocks in Advance on advMu")
+	within(t, done, "deadlock: Advance waits for room in the full queue, the only worker waits in its callback's Advance")
 	for i := 0; i < 5; i++ {
 		within(t, ran, fmt.Sprintf("only %d of 5 callbacks ran", i))
 	}
 	require.Zero(t, w.Stop())
 }
 
-// TestManualClockSelfRearmZero (found by review): API.md: "a timer already due (d <= 0) fires at the next
-// Advance". A callback that re-arms itself with d = 0 inside Advance is fired again by the same
-// Advance, round after round: a self re-arming callback makes Advance never return.
+// TestManualClockSelfRearmZero: "a timer already due (d <= 0) fires at the next Advance" (API.md).
+// A callback that re-arms itself with d = 0 inside Advance is not fired again by the same
+// Advance, or a self re-arming callback would keep Advance from returning: one run per Advance.
 func TestManualClockSelfRearmZero(t *testing.T) {
 	w, clk := manualWheel(t, sw.WithShards(1))
 	runs := 0

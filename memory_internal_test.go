@@ -52,17 +52,17 @@ func TestStopLetsGoOfDroppedCallbacks(t *testing.T) {
 	requireBalanced(t, w)
 }
 
-// TestReview27StaleHandlesAcrossTrim (pin): handles of timers whose chunks were given back and
-// whose indices now serve new timers are inert, also on the old chunk object a paused Stop or
-// Reset may still hold (it loaded the table before the trim): they never stop, move or free a
-// new timer, and every new timer fires once.
-func TestReview27StaleHandlesAcrossTrim(t *testing.T) {
+// TestTrimLeavesStaleHandlesInert: handles of timers whose slab blocks were given back and whose
+// indices now serve new timers are inert, also on the old block that a paused Stop or Reset may
+// still hold (it loaded the block table before the trim): they never stop, move or free a new
+// timer, each new timer's generation is above the stale one's, and every new timer fires once.
+func TestTrimLeavesStaleHandlesInert(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clk), WithShards(1), WithWorkers(0))
 	require.NoError(t, err)
 	defer w.Stop()
 	s := w.shards[0]
-	const n = 3*blockLen - 100 // three chunks, the last partly used
+	const n = 3*blockLen - 100 // three blocks, the last partly used
 	noop := func(any) {}
 	old := make([]Timer, n)
 	for i := range old {
@@ -101,7 +101,7 @@ func TestReview27StaleHandlesAcrossTrim(t *testing.T) {
 		require.False(t, h.Stop(), "a stale Stop acted")
 		require.False(t, h.Reset(time.Millisecond), "a stale Reset acted")
 		_, ok := h.hold(&oldTbl[i>>blockBits][i&blockMask]) // a Reset that read the old table
-		require.False(t, ok, "a stale Reset claimed the old chunk's entry")
+		require.False(t, ok, "a stale Reset claimed the old block's entry")
 	}
 	require.Greater(t, reused, n/2, "the new timers reuse the stale handles' indices")
 	require.Equal(t, n, w.Len(), "every new timer is pending")
@@ -110,12 +110,12 @@ func TestReview27StaleHandlesAcrossTrim(t *testing.T) {
 	require.NoError(t, w.Verify())
 }
 
-// TestReview29EveryDroppedAtRearmLetsGo: an Every whose run is in progress when Stop closes its
-// ring finds the ring closed when it re-arms after the run (every.go, endRun) and is dropped
-// there, counted in what Stop returns. Like every other timer Stop drops (letGoDropped), its
-// entry must let go of its argument (the *every, and so the user's f and all it captures): the
-// stopped wheel lives on as long as anyone holds it.
-func TestReview29EveryDroppedAtRearmLetsGo(t *testing.T) {
+// TestStopLetsGoOfEveryDroppedMidRun: API.md: an Every whose run is in progress when the wheel
+// stops finishes that run, and its next run counts as pending and is counted in what Stop
+// returns (Stop drops it: dropRunning). Once the run has ended, its entry is dropped and, like
+// every other entry Stop drops, lets go of its argument (the *every, and so the user's f and all
+// it captures): the stopped wheel lives on as long as anyone holds it.
+func TestStopLetsGoOfEveryDroppedMidRun(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clk), WithWorkers(1), WithShards(1))
 	require.NoError(t, err)
@@ -145,7 +145,7 @@ func TestReview29EveryDroppedAtRearmLetsGo(t *testing.T) {
 	for start := time.Now(); s.ring.tail.Load()&ringClosed == 0; runtime.Gosched() {
 		require.Less(t, time.Since(start), 5*time.Second, "Stop never closed the ring")
 	}
-	close(release) // the run ends; its re-arm finds the ring closed
+	close(release) // the run ends; its next run was dropped
 	require.Equal(t, 1, <-stopped, "the next run was pending and is dropped")
 	e := tm.s.slab.at(tm.i)
 	require.Equal(t, stDropped, stateOf(e.state.Load()))
@@ -155,10 +155,11 @@ func TestReview29EveryDroppedAtRearmLetsGo(t *testing.T) {
 	runtime.KeepAlive(w)
 }
 
-// TestReview31PinHeldBytesBackAfterTrim (pin): a burst grows HeldBytes by whole chunks; once its
-// timers are over (fired or stopped) and the shard has been quiet for trimQuiet of the manual
-// clock, an Advance trims and HeldBytes is back to 0; it never goes negative.
-func TestReview31PinHeldBytesBackAfterTrim(t *testing.T) {
+// TestTrimGivesHeldBytesBackAfterQuiet: a burst grows HeldBytes by whole slab blocks, kept for
+// reuse while the timers are over (fired or stopped) but the shard has not been quiet long; once
+// it has been quiet for trimQuiet of the manual clock, an Advance trims and HeldBytes is back to
+// 0, not below. The books balance and nothing is left queued.
+func TestTrimGivesHeldBytesBackAfterQuiet(t *testing.T) {
 	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1))
 	require.Zero(t, w.Stats().HeldBytes)
 	var ts []Timer
@@ -168,7 +169,7 @@ func TestReview31PinHeldBytesBackAfterTrim(t *testing.T) {
 		ts = append(ts, tm)
 	}
 	held := w.Stats().HeldBytes
-	require.Equal(t, int64(3)*blockBytes, held, "3000 entries take three chunks (index 0 unused)")
+	require.Equal(t, int64(3)*blockBytes, held, "3000 entries take three blocks (index 0 unused)")
 	for _, tm := range ts[:1500] {
 		tm.Stop()
 	}
@@ -178,22 +179,24 @@ func TestReview31PinHeldBytesBackAfterTrim(t *testing.T) {
 	clk.Advance(trimQuiet + trimLook)
 	clk.Advance(trimLook)
 	require.Zero(t, w.Stats().HeldBytes)
-	r31Balance(t, w)
+	requireBalanced(t, w)
+	st := w.Stats()
+	require.Equal(t, st.Fired, st.Lateness.Count(), "%+v", st)
+	require.Zero(t, st.Queued, "%+v", st)
 }
 
-// TestTrimLookRightAfterGrow (review 25's remark): a shard whose slab is full and trimmed (every
-// entry in use for longer than trimQuiet) grows, and the trimmer looks while the grow is still
-// under way. The look must see the grow and look again within trimLook, so that the new chunk is
-// watched: when the grow noted itself (onGrow) before it pushed the chunk's entries on the free
-// stack, the look cleared trimDirty, found the tag unchanged and the slab trimmed, and slept for
-// trimIdleLook (30 s), which only delays giving the chunk back.
+// TestTrimLookRightAfterGrow: a shard whose slab is full and trimmed (every entry in use for
+// longer than trimQuiet) grows, and the trimmer looks while the grow is still under way. The look
+// must see the grow and look again within trimLook, so that the new block is watched, not sleep
+// for trimIdleLook (30 s) as for an idle, trimmed slab, which would delay giving the block back.
+// (The grow notes itself, onGrow, only once the block's entries are on the free stack.)
 func TestTrimLookRightAfterGrow(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clk), WithShards(1), WithWorkers(0))
 	require.NoError(t, err)
 	defer w.Stop()
 	s := w.shards[0]
-	for range blockLen - 1 { // entry 0 of the first chunk stays unused: the chunk is full
+	for range blockLen - 1 { // entry 0 of the first block stays unused: the block is full
 		_, err := w.AfterFunc(time.Hour, func() {})
 		require.NoError(t, err)
 	}

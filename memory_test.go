@@ -156,8 +156,8 @@ func TestLeakSlabReusedAcrossBursts(t *testing.T) {
 	clock := sw.NewManualClock(time.Unix(0, 0))
 	// WithWorkers(0): callbacks run inside Advance, so every entry is back in its slab when
 	// Advance returns. One shard: with two, a burst splits between them as the test goroutine
-	// moves between Ps, differently each round, and each shard's slab grows by whole chunks, so
-	// the sum of their capacities moved with the split (this failed about one run in four).
+	// moves between Ps, differently each round, and each shard's slab grows by whole blocks, so
+	// the sum of their capacities would move with the split.
 	w, err := sw.New(sw.WithClock(clock), sw.WithShards(1), sw.WithWorkers(0))
 	require.NoError(t, err)
 	defer w.Stop()
@@ -251,8 +251,8 @@ func TestStopReleasesCallback(t *testing.T) {
 	}
 }
 
-// TestStopOfFiringEveryReleasesAfterRun stops an Every during its run: the run completes, and
-// then nothing of the series is kept.
+// TestStopOfRunningEveryReleasesAfterRun stops an Every during its run: the Stop reports true,
+// the run completes, and then nothing of the series is kept.
 func TestStopOfRunningEveryReleasesAfterRun(t *testing.T) {
 	w, clk := manualWheel(t)
 	var tm sw.Timer
@@ -274,7 +274,7 @@ func TestStopOfRunningEveryReleasesAfterRun(t *testing.T) {
 	require.True(t, gone(ws), "a stopped Every keeps its func after its last run")
 }
 
-// burstN is the size of the burst: the two million, fewer under the race detector.
+// burstN is the size of the burst: two million, fewer under the race detector or -short.
 func burstN() int {
 	if raceEnabled || testing.Short() {
 		return 200_000
@@ -290,11 +290,11 @@ func liveHeap() uint64 {
 	return m.HeapAlloc
 }
 
-// TestBurstGivesChunksBack arms a burst of timers an hour out, stops them all, lets the wheel be
+// TestBurstGivesBlocksBack arms a burst of timers an hour out, stops them all, lets the wheel be
 // quiet for trimQuiet (on a manual clock) and checks what the heap still holds for them: at most
-// 4 bytes per burst timer (the chunks: 48 before). Stale handles into the released chunks stay
+// 4 bytes per burst timer: its blocks went back. Stale handles into the released blocks stay
 // inert, also once new timers reuse their indices.
-func TestBurstGivesChunksBack(t *testing.T) {
+func TestBurstGivesBlocksBack(t *testing.T) {
 	n := burstN()
 	w, clk := manualWheel(t, sw.WithShards(1)) // one shard: the new timers below reuse its indices
 	noop := func(any) {}
@@ -319,15 +319,15 @@ func TestBurstGivesChunksBack(t *testing.T) {
 	clk.Advance(0)                // the trimmer sees the burst...
 	clk.Advance(sw.TrimQuiet / 2) // ...and that it is not over for long enough,
 	require.NotZero(t, w.Stats().HeldBytes)
-	clk.Advance(sw.TrimQuiet) // ...then that it has been quiet: it gives the chunks back.
+	clk.Advance(sw.TrimQuiet) // ...then that it has been quiet: it gives the blocks back.
 	require.Zero(t, w.Stats().HeldBytes)
 	per := (float64(liveHeap()) - float64(base)) / float64(n)
 	t.Logf("kept %.2f bytes per burst timer after %d timers armed and stopped", per, n)
 	require.LessOrEqual(t, per, 4.0, "bytes kept per burst timer")
 
 	for _, h := range stale {
-		require.False(t, h.Stop(), "a stale handle into a released chunk stops nothing")
-		require.False(t, h.Reset(time.Minute), "a stale handle into a released chunk resets nothing")
+		require.False(t, h.Stop(), "a stale handle into a released block stops nothing")
+		require.False(t, h.Reset(time.Minute), "a stale handle into a released block resets nothing")
 	}
 	// New timers take the released indices again, with generations above the stale ones.
 	type slot struct {
@@ -363,7 +363,7 @@ func TestBurstGivesChunksBack(t *testing.T) {
 	requireBalance(t, w)
 }
 
-// TestTrimOnSystemClock checks that the clock goroutine gives a burst's chunks back on its own,
+// TestTrimOnSystemClock checks that the clock goroutine gives a burst's blocks back on its own,
 // although nothing is due for an hour, and then holds them no more.
 func TestTrimOnSystemClock(t *testing.T) {
 	defer sw.SetTrimDelays(20*time.Millisecond, 5*time.Millisecond)()
@@ -468,10 +468,10 @@ func TestTrimRacesTimers(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	require.Zero(t, w.Len())
-	t.Logf("%d trims released chunks while timers moved", released.Load())
+	t.Logf("%d trims released blocks while timers moved", released.Load())
 	w.Stop() // the workers have returned their last entries
 	w.TrimNow()
-	require.Zero(t, w.Stats().HeldBytes, "once every timer is over, every chunk goes back")
+	require.Zero(t, w.Stats().HeldBytes, "once every timer is over, every block goes back")
 	s := w.Stats()
 	require.Equal(t, uint64(2*rounds*batch), s.Scheduled)
 	require.Equal(t, s.Scheduled, s.Fired+s.Stopped, "stats %+v", s)
@@ -480,7 +480,7 @@ func TestTrimRacesTimers(t *testing.T) {
 }
 
 // TestTrimKeepsGenerationsAbove reuses a few entries many times (their gens climb), lets the
-// trimmer release their chunk, and checks that the entries of the chunk that replaces it start
+// trimmer release their block, and checks that the entries of the block that replaces it start
 // above every gen a stale handle holds.
 func TestTrimKeepsGenerationsAbove(t *testing.T) {
 	w, clk := manualWheel(t, sw.WithShards(1))
@@ -506,7 +506,7 @@ func TestTrimKeepsGenerationsAbove(t *testing.T) {
 	}
 	clk.Advance(sw.TrimQuiet)
 	clk.Advance(sw.TrimQuiet)
-	require.Zero(t, w.Stats().HeldBytes, "the chunk went back")
+	require.Zero(t, w.Stats().HeldBytes, "the block went back")
 	for range 10 {
 		h, err := w.AfterFuncArg(time.Hour, noop, nil)
 		require.NoError(t, err)

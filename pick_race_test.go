@@ -15,7 +15,7 @@ import (
 // and channel operation many times slower: loop counts shrink accordingly.
 const raceEnabled = true
 
-// TestRacePickSpreads checks the race detector's shard pick (pick_race.go): a goroutine keeps to
+// TestRacePickSpreads: under the race detector's shard pick (pick_race.go) a goroutine keeps to
 // one shard, and goroutines spread over the shards.
 func TestRacePickSpreads(t *testing.T) {
 	w, _ := manualWheel(t, sw.WithShards(4))
@@ -54,9 +54,9 @@ func TestRacePickSpreads(t *testing.T) {
 }
 
 // TestRacePickRoundRobin: the race build's picker gives each new stack window the next shard in
-// turn, from shard 0, so goroutines that arm at the same time do not share a ring by chance (a
-// bare hash of these addresses put the first two on one shard); a window keeps its shard; with
-// more shards than the table has slots, every shard is still reached.
+// turn, from shard 0, so goroutines that arm at the same time do not share a ring by chance (as a
+// bare hash of their stack addresses often would: half the time with two shards); a window keeps
+// its shard; with more shards than the table has slots, every shard is still reached.
 func TestRacePickRoundRobin(t *testing.T) {
 	const n = 4
 	var p sw.Picker

@@ -12,11 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// WithRingSize(1) (documented: "It must be at least 1") makes a one-slot Vyukov ring, where
-// "published at pos" (seq == pos+1) cannot be told from "free for pos+1" (seq == pos+1): a
-// second push claims the slot before the consumer took the first, overwrites its command, and
-// publishes seq == pos+2, which the consumer at pos never accepts. ring.init now makes two slots
-// at least. Older than the queued bit; found while building a full ring for its tests.
+// ringOfOne starts a one-shard wheel with WithRingSize(1), the smallest size the option accepts,
+// and arms two timers due in 1 ms on it. A Vyukov ring of one slot cannot tell "published at pos"
+// (seq == pos+1) from "free for pos+1" (the same seq): a second push would claim the slot before
+// the consumer took the first, overwrite its command, and publish a seq the consumer never
+// accepts. So the ring has two slots at least, whatever the option says.
 func ringOfOne(t *testing.T) (*Wheel, *ManualClock, *atomic.Int32) {
 	t.Helper()
 	clk := NewManualClock(time.Unix(0, 0))
@@ -31,6 +31,7 @@ func ringOfOne(t *testing.T) (*Wheel, *ManualClock, *atomic.Int32) {
 	return w, clk, &fired
 }
 
+// TestRingOfOneLosesNoTimers: two timers armed on a ring sized 1 both fire.
 func TestRingOfOneLosesNoTimers(t *testing.T) {
 	w, clk, fired := ringOfOne(t)
 	clk.Advance(time.Hour)
@@ -38,6 +39,9 @@ func TestRingOfOneLosesNoTimers(t *testing.T) {
 	w.Stop()
 }
 
+// TestRingOfOneWheelStopReturns: Wheel.Stop of a wheel whose ring was sized 1, with two adds in
+// it, returns: its drop takes both commands (in a ring of one slot it would wait forever for the
+// sequence number of a command that was overwritten).
 func TestRingOfOneWheelStopReturns(t *testing.T) {
 	w, _, _ := ringOfOne(t)
 	done := make(chan int)
@@ -61,22 +65,23 @@ func TestRingOfOneWheelStopReturns(t *testing.T) {
 	}
 }
 
-// r32Book is what one timer of the storm saw: the bound its callback must not start before (the
-// arm's or the last successful Reset's reading of the clock plus its d), how often its callback
-// ran and at which reading, and whether a Stop reported true.
-type r32Book struct {
+// shardStormBook is what one timer of TestShardTinyRingStormEndsEachTimerOnce saw: the bound its
+// callback must not start before (the arm's or the last successful Reset's reading of the clock
+// plus its d), how often its callback ran and at which reading, and whether a Stop reported true.
+type shardStormBook struct {
 	bound   atomic.Int64
 	ran     atomic.Int32
 	ranAt   atomic.Int64
 	stopped atomic.Int32
 }
 
-// TestReview32PinTinyRingStopResetFireStorm (pin): rings of two slots on two shards, producers
-// that arm, Reset and Stop their timers (and Stop and Reset stale handles) while another goroutine
-// advances the manual clock and trims, and two workers run callbacks. Every timer ends exactly
-// once (ran once, or one Stop true, or counted by Wheel.Stop), never before the clock reached its
-// bound, a stale handle never acts, and the books balance.
-func TestReview32PinTinyRingStopResetFireStorm(t *testing.T) {
+// TestShardTinyRingStormEndsEachTimerOnce: rings of two slots on two shards (full at almost every
+// push, so producers drain them themselves), producers that arm, Reset and Stop their timers (and
+// Stop and Reset stale handles) while another goroutine advances the manual clock and trims, and
+// two workers run callbacks. Every timer ends exactly once (ran once, or one Stop reported true,
+// or Wheel.Stop counted it), never runs before the clock reached its bound (never early), a stale
+// handle never acts, and the books balance.
+func TestShardTinyRingStormEndsEachTimerOnce(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clk), WithShards(2), WithWorkers(2), WithRingSize(1),
 		WithTick(100*time.Microsecond))
@@ -86,9 +91,9 @@ func TestReview32PinTinyRingStopResetFireStorm(t *testing.T) {
 	if raceEnabled {
 		per = 2000
 	}
-	books := make([]r32Book, producers*per)
+	books := make([]shardStormBook, producers*per)
 	f := func(arg any) {
-		b := arg.(*r32Book)
+		b := arg.(*shardStormBook)
 		b.ranAt.Store(clk.elapsed.Load())
 		b.ran.Add(1)
 	}
@@ -119,7 +124,7 @@ func TestReview32PinTinyRingStopResetFireStorm(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(g), 32))
 			var ended []Timer // handles whose timers are over: stale from here on
 			live := make([]Timer, 0, 8)
-			liveB := make([]*r32Book, 0, 8)
+			liveB := make([]*shardStormBook, 0, 8)
 			for k := range per {
 				b := &books[g*per+k]
 				d := time.Duration(rng.IntN(2000)) * time.Microsecond
@@ -185,15 +190,13 @@ func TestReview32PinTinyRingStopResetFireStorm(t *testing.T) {
 	require.Equal(t, uint64(dropped), st.Dropped)
 }
 
-// TestReview32PinFullRingWaitsForPausedProducer (pin, and a remark on the docs): with the
-// smallest ring (two slots), a producer paused between the claim of its slot and its publish
-// (ArmHeld) holds up the head of the ring; once the ring is full, a further AfterFunc (or Stop,
-// or Reset) on that shard cannot return until the paused producer publishes: it takes the
-// shard's lock, drains nothing, yields and tries again (shard.send). AfterFunc's doc says "It
-// does not block", and Stop's that a full ring "may wait for one advance step of the shard"; the
-// wait is in fact for the paused producer, as long as its pause (README: "delays nobody's timer
-// for longer than its pause"). Nothing is lost: all three fire once, at their deadlines.
-func TestReview32PinFullRingWaitsForPausedProducer(t *testing.T) {
+// TestShardFullRingWaitsForPausedProducer: with the smallest ring (two slots), a producer paused
+// between the claim of its slot and its publish (ArmHeld) holds up the head of the ring; once the
+// ring is full, a further AfterFunc (or Stop, or Reset) on that shard returns only once the paused
+// producer publishes: it takes the shard's lock, drains nothing, yields and tries again
+// (shard.send), as AfterFunc's doc says ("it yields until that producer does"). Nothing is lost:
+// all three timers fire once, at their deadline, not before.
+func TestShardFullRingWaitsForPausedProducer(t *testing.T) {
 	clk := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clk), WithShards(1), WithWorkers(0), WithRingSize(1))
 	require.NoError(t, err)

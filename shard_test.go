@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestFullRing uses a ring of two slots with many producers: producers drain the ring themselves
-// and nothing is lost.
+// TestFullRing: with a ring of two slots and many producers, a producer that finds the ring full
+// drains it itself, and nothing is lost: every timer fires or is stopped.
 func TestFullRing(t *testing.T) {
 	w, err := sw.New(sw.WithRingSize(2), sw.WithShards(2))
 	require.NoError(t, err)
@@ -47,17 +47,20 @@ func TestFullRing(t *testing.T) {
 	require.EqualValues(t, producers*each, fired.Load()+stopped.Load())
 }
 
-// TestLostWakeupBehindUnpublishedCancel is the interleaving a reader found in v1, step by step,
-// on one shard with a manual clock and callbacks on the advancer:
+// TestLostWakeupBehindUnpublishedCancel: a timer armed behind a Stop paused between the claim of
+// its cancel's ring slot and its publish is not lost: it fires at its deadline. On one shard, with
+// a manual clock and callbacks on the advancer:
 //  1. A Stop of timer D has made its state CAS and claimed its ring slot, and is paused before it
 //     publishes the cancel.
 //  2. Timer B is armed behind it; its noteDeadline sees the shard's next (C's, earlier) and
 //     returns.
-//  3. The advance fires C. Its drain stops at A's slot, so it cannot see B, and it publishes the
-//     wheel's own next due: none.
-//  4. A publishes its cancel; a cancel notes no deadline.
+//  3. The advance fires C. Its drain stops at D's slot, so it cannot see B; the wheel itself has
+//     nothing due.
+//  4. The Stop publishes its cancel; a cancel notes no deadline.
 //
-// In v1 nothing then looked at the shard again: after a day of manual time B had not fired.
+// The advance's "nothing due" is only what the consumer could see: left at that, nothing would
+// look at the shard again and B would never fire. So the drain records that it stalled on D's
+// slot, the publish in 4 kicks the shard, and the next Advance drains B.
 func TestLostWakeupBehindUnpublishedCancel(t *testing.T) {
 	w, clk := manualWheel(t, sw.WithShards(1))
 	var fired []string
@@ -86,7 +89,7 @@ func TestLostWakeupBehindUnpublishedCancel(t *testing.T) {
 
 // TestLostWakeupHeldNeverEarly: the same pause, with no earlier timer; the drain stalls on the
 // held cancel, whose publish then kicks the shard. The kick makes the next Advance drain the
-// ring and nothing more: B still fires at its deadline, not earlier.
+// ring and nothing more: B still fires at its deadline, never earlier.
 func TestLostWakeupHeldNeverEarly(t *testing.T) {
 	w, clk := manualWheel(t, sw.WithShards(1))
 	var fired []string
@@ -106,7 +109,9 @@ func TestLostWakeupHeldNeverEarly(t *testing.T) {
 	require.Equal(t, []string{"B"}, fired)
 }
 
-// TestLayout pins the sizes that the memory and false-sharing claims rest on.
+// TestLayout: an entry is 48 bytes, and the shard's producer, slab and owner fields each start a
+// cache line (counting the allocator's header): the memory per timer and the false-sharing claims
+// rest on these sizes.
 func TestLayout(t *testing.T) {
 	require.Equal(t, uintptr(48), sw.EntrySize, "an entry must stay 48 bytes: the memory per pending timer rests on it")
 	line := sw.CacheLineSize
@@ -117,9 +122,9 @@ func TestLayout(t *testing.T) {
 	require.Zero(t, (sw.ShardSize+sw.MallocHeaderSize)%line, "a shard ends on a line")
 }
 
-// TestShardAlignment checks, at the real addresses, that every shard's producer line (the ring's
-// tail), slab line and owner line each start a cache line: the false-sharing claims of shard.go
-// rest on it, and the allocator's header (mallocHeaderSize) moves objects by 8 bytes.
+// TestShardAlignment: at the real addresses, every shard's producer line (the ring's tail), slab
+// line and owner line each start a cache line: the false-sharing claims of shard.go rest on it, and
+// the allocator's header (mallocHeaderSize) moves objects by 8 bytes.
 func TestShardAlignment(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 7, 16, 64} {
 		w, _ := manualWheel(t, sw.WithShards(n))
@@ -133,9 +138,9 @@ func TestShardAlignment(t *testing.T) {
 	}
 }
 
-// TestTargetOffIdleLine checks, at the real addresses, that the keeper's target, which every arm
-// reads (overdue), does not share a cache line with the idle count, which every worker writes at
-// each idle spell (shardwheel.go).
+// TestTargetOffIdleLine: at the real addresses, the keeper's target, which every arm reads
+// (overdue), does not share a cache line with the idle count, which every worker writes at each
+// idle spell.
 func TestTargetOffIdleLine(t *testing.T) {
 	for range 8 {
 		w, _ := manualWheel(t)

@@ -16,11 +16,12 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestMutation36LatenessAgainstTickRoundedDeadline: Stats.Lateness counts "how late each callback
-// started, against its deadline rounded up to the tick" (API.md). A timer 300µs out on a 1ms tick
-// that starts at 1ms started on time by that measure: its lateness is under 1µs (bucket 0), not
-// 700µs. Kills: workers.go, lateness measured against the raw deadline.
-func TestMutation36LatenessAgainstTickRoundedDeadline(t *testing.T) {
+// TestStatsLatenessAgainstTickRoundedDeadline: Stats.Lateness counts how late each callback
+// started "against its deadline rounded up to the tick" (API.md), in the Histogram's buckets
+// ([2^(i-1), 2^i) µs). A timer 300µs out on a 1ms tick that starts at 1ms is on time by that
+// measure: under 1µs (bucket 0), not 700µs late. A timer due at 2ms that starts at 1001ms is
+// 999ms late, in [2^19, 2^20) µs (bucket 20), and the quantiles report the bucket bounds.
+func TestStatsLatenessAgainstTickRoundedDeadline(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	w, clk := newManualWheel(t, WithShards(1), WithWorkers(0), WithTick(time.Millisecond))
 	ran := 0
@@ -33,48 +34,58 @@ func TestMutation36LatenessAgainstTickRoundedDeadline(t *testing.T) {
 	require.Equal(t, uint64(1), st.Lateness.Buckets[0],
 		"a callback that started at its deadline rounded up to the tick was counted late: %v", st.Lateness.Buckets)
 	require.LessOrEqual(t, st.Lateness.Quantile(1), time.Microsecond)
+
+	_, err = w.AfterFunc(time.Millisecond, func() { ran++ }) // due at 2ms, starts at 1001ms
+	require.NoError(t, err)
+	clk.Advance(time.Second)
+	require.Equal(t, 2, ran)
+	h := w.Stats().Lateness
+	require.Equal(t, uint64(1), h.Buckets[20], "999ms late is in [2^19, 2^20) µs: %v", h.Buckets)
+	require.Equal(t, uint64(2), h.Count())
+	require.Equal(t, BucketBound(20), h.Quantile(1))
+	require.Equal(t, time.Microsecond, h.Quantile(0.5))
+	r31Balance(t, w)
 }
 
-// TestReview31FixedLatenessStaleWithinBatch: API.md defines Stats.Lateness as "how late each
-// callback started, against its deadline rounded up to the tick". runRefs (workers.go:200-206)
-// reads the clock once for a whole batch or chunk and runFrom/runEntry observe every callback of
-// it against that one reading (workers.go:254, 263), so a callback that starts after a slow
-// callback of its batch is counted as starting when the batch began. Here two timers are due at
-// 1 ms on a WithWorkers(0) manual wheel; whichever runs first moves the clock 100 ms on (the
-// stand-in for a callback that takes 100 ms), so the second starts 100 ms after its deadline.
-// Lateness counts both as on time (bucket 0). The README's Limits warn of exactly this delay ("A
-// slow callback delays the callbacks of its own step (up to 256) that follow it"), which the
-// histogram then never shows.
-func TestReview31FixedLatenessStaleWithinBatch(t *testing.T) {
+// TestStatsLatenessReadAsEachCallbackStarts: Lateness counts how late each callback started, so a
+// callback that waits behind a slow one of its own batch shows the wait. Two timers are due at
+// 1ms on a WithWorkers(0) manual wheel; whichever runs first moves the clock 100ms on (as a
+// callback that takes 100ms would), so the second starts 100ms after its deadline and is counted
+// in the bucket of 100ms ([2^16, 2^17) µs), not as on time. This is the head-of-line delay that
+// README's Limits warn of ("A slow callback delays the callbacks of its own step (up to 256)
+// that follow it"); Lateness is the metric that shows it.
+func TestStatsLatenessReadAsEachCallbackStarts(t *testing.T) {
 	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1))
-	var first atomic.Bool
-	var startedAt []int64
-	f := func() {
-		startedAt = append(startedAt, w.nanos())
-		if first.CompareAndSwap(false, true) {
-			clk.Advance(100 * time.Millisecond) // the clock moves while this callback runs
-		}
-	}
+	var startedAt []time.Duration
+	var wheelAt []int64
 	for range 2 {
-		_, err := w.AfterFunc(time.Millisecond, f)
+		_, err := w.AfterFunc(time.Millisecond, func() {
+			startedAt = append(startedAt, clk.Now().Sub(time.Unix(0, 0)))
+			wheelAt = append(wheelAt, w.nanos())
+			if len(startedAt) == 1 {
+				clk.Advance(100 * time.Millisecond) // the clock moves while this callback runs
+			}
+		})
 		require.NoError(t, err)
 	}
 	clk.Advance(time.Millisecond)
-	require.Len(t, startedAt, 2)
-	require.Equal(t, int64(101*time.Millisecond), startedAt[1], "the second started 100 ms late")
+	require.Equal(t, []time.Duration{time.Millisecond, 101 * time.Millisecond}, startedAt)
+	require.Equal(t, int64(101*time.Millisecond), wheelAt[1], "the second started 100ms late on the wheel's time too")
 
 	st := r31Balance(t, w)
 	require.Equal(t, uint64(2), st.Fired)
-	// 100 ms = 100000 µs, in [2^16, 2^17) µs: bucket 17.
 	require.Equal(t, uint64(1), st.Lateness.Buckets[bucketOf(100*time.Millisecond)],
-		"the second callback started 100 ms after its deadline; Lateness: %v", st.Lateness.Buckets)
+		"the second callback started 100ms after its deadline; Lateness: %v", st.Lateness.Buckets)
+	require.GreaterOrEqual(t, st.Lateness.Quantile(1), 50*time.Millisecond,
+		"the second callback started 100ms after its deadline; Lateness: %v", st.Lateness.Buckets)
 }
 
-// TestReview31FixedLatenessStaleWithinBatchSystem is the same on the system clock, with a callback
-// that really sleeps: two timers fire in one advance step of the only worker; whichever runs
-// first sleeps 60 ms, so the other starts at least 60 ms after its deadline. Lateness has no
-// count of 32 ms or more (buckets from 16 up): both are counted at the step's one reading.
-func TestReview31FixedLatenessStaleWithinBatchSystem(t *testing.T) {
+// TestStatsLatenessReadAsEachCallbackStartsSystemClock is the same on the system clock, with a
+// callback that really sleeps: two timers fire in one advance step of the only worker; whichever
+// runs first sleeps 60ms, so the other starts at least 60ms after its deadline, and exactly one
+// start is counted 32ms late or more (buckets from 16 up). The worker's previous batch was a
+// single slow callback, so this batch reads the clock before each start (lateClock's stride 1).
+func TestStatsLatenessReadAsEachCallbackStartsSystemClock(t *testing.T) {
 	w, err := New(WithWorkers(1), WithShards(1), WithTick(time.Millisecond))
 	require.NoError(t, err)
 	defer w.Stop()
@@ -120,19 +131,18 @@ func TestReview31FixedLatenessStaleWithinBatchSystem(t *testing.T) {
 		"a callback started %v after its deadline; Lateness: %v", late, st.Lateness.Buckets)
 }
 
-// TestReview31FixedQueuedDropsWhileChunkWaits: API.md: "Queued int // callbacks handed to the
-// worker pool and not yet started". The pool counts a chunk as taken (wk.taken, runTask
-// expiry.go:209, finishStop shardwheel.go:464) as soon as a worker receives it, before any of
-// its callbacks starts, and Queued is pushed - taken (workers.go:103-115). A chunk carries up to 64 callbacks, run one after the
-// other: while its first callback runs, the others are handed to the pool and not yet started,
-// yet Queued reads 0. Here one Advance fires three timers to the only worker in one chunk; the
-// first blocks. Fired is 1, Pending 2 (neither started nor stopped), Queued 0 instead of 2.
-func TestReview31FixedQueuedDropsWhileChunkWaits(t *testing.T) {
+// TestStatsQueuedCountsCallbacksBehindRunningOne: Stats.Queued counts callbacks due and taken
+// from the wheel but not started, "waiting for a worker, or behind a running callback on the
+// goroutine that holds them" (API.md). One Advance fires four timers to the only worker in one
+// task; the first blocks. The three behind it have not started: Fired is 1, Pending 3 (a callback
+// that has not started is still pending) and Queued 3. Once they have run, Queued is 0 again.
+func TestStatsQueuedCountsCallbacksBehindRunningOne(t *testing.T) {
 	w, clk := newManualWheel(t, WithWorkers(1), WithShards(1))
 	started, release := make(chan struct{}), make(chan struct{})
 	var first atomic.Bool
 	var ran atomic.Int32
-	for range 3 {
+	const n = 4
+	for range n {
 		_, err := w.AfterFunc(time.Millisecond, func() {
 			if first.CompareAndSwap(false, true) {
 				close(started)
@@ -143,40 +153,69 @@ func TestReview31FixedQueuedDropsWhileChunkWaits(t *testing.T) {
 		require.NoError(t, err)
 	}
 	clk.Advance(time.Millisecond)
-	<-started
-	st := w.Stats()
-	require.Equal(t, uint64(1), st.Fired)
-	require.Equal(t, 2, st.Pending, "two callbacks have not started")
-	require.Zero(t, ran.Load())
-	queued := st.Queued
-	close(release)
-	r31Wait(t, "all three ran", func() bool { return ran.Load() == 3 })
-	r31Wait(t, "the books settle", func() bool { return w.Stats().Fired == 3 })
+	wait26(t, started, "the first callback never started")
+	st, ranBefore := w.Stats(), ran.Load()
+	close(release) // before any assertion: a failed one must not leave the worker blocked
+	r31Wait(t, "all four ran", func() bool { return ran.Load() == n })
+	r31Wait(t, "the books settle", func() bool { return w.Stats().Fired == n })
 	r31Balance(t, w)
-	require.Equal(t, 2, queued, "two callbacks handed to the worker pool had not started: %+v", st)
+	require.Zero(t, ranBefore, "no callback had finished while the first blocked")
+	require.Equal(t, uint64(1), st.Fired)
+	require.Equal(t, n-1, st.Pending, "three callbacks have not started: %+v", st)
+	require.Equal(t, n-1, st.Queued, "three callbacks behind the running one had not started: %+v", st)
 }
 
-// TestReview31FixedWorkersCountOnSystemClockWithWorkers0: Stats.Workers is documented as "number of
-// worker goroutines" (shardwheel.go:294), and with WithWorkers(0) on the system clock the wheel
-// runs one goroutine, worker 0 of its pool (pool.init; README: "one with WithWorkers(0) on the
-// system clock"), which keeps time and runs every callback. Stats reports w.opts.workers, 0
-// (shardwheel.go:308).
-// (Minor: a dashboard that reads Workers sees a wheel with no goroutine.)
-func TestReview31FixedWorkersCountOnSystemClockWithWorkers0(t *testing.T) {
+// TestStatsQueuedCallbackCanBeStopped: Timer.Stop of a timer whose callback is due and waits in
+// the worker queue (the only worker is blocked) reports true, and the callback never runs: a
+// callback that has not started can still be stopped. Until the Stop, Queued counts it and Len
+// still counts it pending; once the wheel is quiet Queued is 0 and the Stop is counted in Stopped.
+func TestStatsQueuedCallbackCanBeStopped(t *testing.T) {
+	w, clk := newManualWheel(t, WithWorkers(1), WithShards(1), WithQueueSize(64))
+	in, release := make(chan struct{}), make(chan struct{})
+	_, err := w.AfterFunc(time.Millisecond, func() { close(in); <-release })
+	require.NoError(t, err)
+	clk.Advance(time.Millisecond)
+	<-in
+	var ran atomic.Int32
+	tm, err := w.AfterFunc(time.Millisecond, func() { ran.Add(1) })
+	require.NoError(t, err)
+	clk.Advance(time.Millisecond) // dispatched: in the queue behind the blocked worker
+	queued, pending := w.Stats().Queued, w.Len()
+	stopped, again := tm.Stop(), tm.Stop()
+	close(release) // before any assertion: a failed one must not leave the worker blocked
+	require.Equal(t, 1, queued)
+	require.Equal(t, 1, pending, "a queued callback is pending until it starts")
+	require.True(t, stopped, "Stop of a queued callback prevents it")
+	require.False(t, again)
+	require.Zero(t, w.Stop())
+	require.Zero(t, ran.Load())
+	st := r31Balance(t, w)
+	require.Equal(t, uint64(1), st.Stopped)
+	require.Equal(t, 0, st.Queued)
+}
+
+// TestStatsWorkersCountsGoroutineOfWorkers0: Stats.Workers is the number of worker goroutines,
+// and with WithWorkers(0) on the system clock the wheel runs one, which keeps time and runs every
+// callback (New's doc). Stats says 1, not the option's 0: a dashboard that reads Workers must not
+// see a running wheel with no goroutine.
+func TestStatsWorkersCountsGoroutineOfWorkers0(t *testing.T) {
 	w, err := New(WithWorkers(0))
 	require.NoError(t, err)
 	defer w.Stop()
+	require.Len(t, w.pool.done, 1, "one worker goroutine on the system clock")
 	r31Wait(t, "the wheel's one goroutine runs", func() bool { return WorkerGoroutines(w) == 1 })
 	require.Equal(t, WorkerGoroutines(w), w.Stats().Workers)
+	require.Equal(t, 1, w.Stats().Workers, "Stats.Workers: number of worker goroutines")
 }
 
-// TestReview31PinBooksEveryKind (pin): every kind of timer end (fire, Timer.Stop, Reset, Every
-// run and stop, a Keyed fire, replace and remove, a context deadline and cancel, a panicking
-// callback, a callback that calls runtime.Goexit on a worker, one that stops its own Every)
-// keeps the books: Scheduled == Fired + Stopped + Pending while the wheel runs and quiet,
-// Lateness.Count() == Fired, Panics exact; then Wheel.Stop returns what was pending, Dropped is
-// it, Pending is 0, the balance holds with Dropped, and WithMaxPending's credits all came back.
-func TestReview31PinBooksEveryKind(t *testing.T) {
+// TestStatsBooksBalanceForEveryKindOfEnd: every way a timer can end (fire, Timer.Stop, Reset,
+// Every run and stop, a Keyed fire, replace and remove, a context deadline and cancel, a
+// panicking callback, a callback that calls runtime.Goexit on a worker, one that stops its own
+// Every) keeps the books: Scheduled == Fired + Stopped + Pending while the wheel runs and once it
+// is quiet, Lateness.Count() == Fired, Panics exact; then Wheel.Stop returns what was pending,
+// Dropped is it, Pending is 0, the balance holds with Dropped, and every WithMaxPending credit
+// has come back.
+func TestStatsBooksBalanceForEveryKindOfEnd(t *testing.T) {
 	for _, workers := range []int{0, 2} {
 		t.Run(map[int]string{0: "workers=0", 2: "workers=2"}[workers], func(t *testing.T) {
 			const limit = 40
@@ -186,7 +225,7 @@ func TestReview31PinBooksEveryKind(t *testing.T) {
 			var ran atomic.Int64
 			f := func() { ran.Add(1) }
 			settle := func() {
-				r31Wait(t, "callbacks handed to workers start", func() bool {
+				r31Wait(t, "every due callback starts", func() bool {
 					st := w.Stats()
 					return st.Queued == 0 && st.Scheduled == st.Fired+st.Stopped+uint64(st.Pending) &&
 						st.Fired == st.Lateness.Count()
@@ -201,7 +240,7 @@ func TestReview31PinBooksEveryKind(t *testing.T) {
 			}
 			require.True(t, ts[5].Stop())
 			require.True(t, ts[4].Reset(10*time.Millisecond))
-			_, err := w.AfterFunc(2*time.Millisecond, func() { panic("r31") })
+			_, err := w.AfterFunc(2*time.Millisecond, func() { panic("a panicking callback") })
 			require.NoError(t, err)
 			if workers > 0 {
 				_, err = w.AfterFunc(2*time.Millisecond, func() { runtime.Goexit() })
@@ -247,7 +286,7 @@ func TestReview31PinBooksEveryKind(t *testing.T) {
 
 			n := w.Stop()
 			require.Equal(t, 3, n)
-			_ = ctx3 // its timer was dropped: a runtime timer ends it now (see the report)
+			_ = ctx3 // its timer was dropped: a runtime timer ends it at its deadline (Wheel.Stop's doc)
 			st = w.Stats()
 			require.Zero(t, st.Pending)
 			require.Equal(t, uint64(n), st.Dropped)
@@ -259,12 +298,13 @@ func TestReview31PinBooksEveryKind(t *testing.T) {
 	}
 }
 
-// TestReview31PinLatenessNeverNegativeAndBuckets (pin): a callback that starts before its
-// deadline's tick ends counts as on time (bucket 0, never a negative duration), one late by
-// exactly a bucket bound lands in the bucket above it, and Quantile reports bucket bounds.
-func TestReview31PinLatenessNeverNegativeAndBuckets(t *testing.T) {
+// TestStatsLatenessNeverNegativeAndBucketBounds: a callback that starts before its deadline's
+// tick ends (deadlines are exact, lateness is measured against the tick) counts as on time
+// (bucket 0, never a negative duration), one late by exactly a bucket bound lands in the bucket
+// above it, and Quantile reports bucket bounds (0 for an empty Histogram or a NaN q).
+func TestStatsLatenessNeverNegativeAndBucketBounds(t *testing.T) {
 	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1), WithTick(time.Millisecond))
-	_, err := w.AfterFunc(300*time.Microsecond, func() {}) // due inside tick 0, runs at 1 ms
+	_, err := w.AfterFunc(300*time.Microsecond, func() {}) // runs at 300µs, before its tick ends at 1ms
 	require.NoError(t, err)
 	clk.Advance(300 * time.Microsecond)
 	_, err = w.AfterFunc(700*time.Microsecond, func() {}) // ceil: 1 ms; runs at 1 ms + 2 µs
@@ -280,9 +320,10 @@ func TestReview31PinLatenessNeverNegativeAndBuckets(t *testing.T) {
 	require.Equal(t, time.Duration(0), st.Lateness.Quantile(math.NaN()))
 }
 
-// TestReview31PinStatsVarConcurrentAndAfterStop (pin): StatsVar's String is valid JSON of Stats,
-// safe while the wheel runs and while it stops, and reads the final counters after Stop.
-func TestReview31PinStatsVarConcurrentAndAfterStop(t *testing.T) {
+// TestStatsVarConcurrentAndAfterStop: StatsVar's String is valid JSON of Stats, with no negative
+// count, safe to read while the wheel runs and while it stops, and reads the final counters
+// after Stop.
+func TestStatsVarConcurrentAndAfterStop(t *testing.T) {
 	w, err := New(WithWorkers(2), WithShards(2), WithTick(100*time.Microsecond))
 	require.NoError(t, err)
 	v := w.StatsVar()
@@ -328,13 +369,12 @@ func TestReview31PinStatsVarConcurrentAndAfterStop(t *testing.T) {
 	require.Equal(t, st.Fired, st.Lateness.Count())
 }
 
-// TestReview31FixedQuantileFloatRank: Histogram.Quantile documents "the smallest bucket bound b such
-// that at least a fraction q of them are under b". With 100 durations, 55 under 1µs and 45 in
-// [16, 32) µs, a fraction 0.55 is under 1µs, so Quantile(0.55) is 1µs. histogram.go:49 computes
-// the rank as math.Ceil(q * float64(n)), and 0.55*100 is 55.00000000000001 in float64: the rank
-// becomes 56 and Quantile answers 32µs. The same for q = 0.07, 0.14, 0.28, 0.56 at n = 100 (and
-// their multiples), e.g. 7 of 100 under 1µs and Quantile(0.07) = 32µs.
-func TestReview31FixedQuantileFloatRank(t *testing.T) {
+// TestHistogramQuantileExactRank: Quantile is "the smallest bucket bound b such that at least a
+// fraction q of them are under b". With 100 durations, 55 under 1µs and 45 in [16, 32) µs, a
+// fraction 0.55 is under 1µs, so Quantile(0.55) is 1µs, although 0.55*100 is 55.00000000000001
+// in float64 and its ceiling would be rank 56 (32µs). The same for q = 0.07, 0.14, 0.28 and 0.56
+// of 100: a rank within float rounding of a whole number is that number.
+func TestHistogramQuantileExactRank(t *testing.T) {
 	for _, c := range []struct {
 		q     float64
 		under uint64
@@ -347,12 +387,12 @@ func TestReview31FixedQuantileFloatRank(t *testing.T) {
 	}
 }
 
-// TestReview31PinBooksSystemStopRace (pin): on the system clock, producers arm one-shot timers
-// (some panic, some call runtime.Goexit) and Every series, stop and reset some, while the wheel
-// is stopped under them. After Stop: Pending is 0, Dropped is what Stop returned, Scheduled ==
-// Fired + Stopped + Dropped, Lateness.Count() == Fired, and Fired is exactly the number of user
-// callbacks that started; Panics is exactly the number that panicked.
-func TestReview31PinBooksSystemStopRace(t *testing.T) {
+// TestStatsBooksSystemClockStopRace: on the system clock, producers arm one-shot timers (some
+// panic, some call runtime.Goexit) and Every series, stop and reset some, while the wheel is
+// stopped under them. After Stop: Pending and Queued are 0, Dropped is what Stop returned,
+// Scheduled == Fired + Stopped + Dropped, Lateness.Count() == Fired, Fired is exactly the number
+// of user callbacks that started and Panics the number that panicked; a second Stop returns 0.
+func TestStatsBooksSystemClockStopRace(t *testing.T) {
 	for round := range 3 {
 		w, err := New(WithWorkers(2), WithShards(2), WithTick(50*time.Microsecond),
 			WithRingSize(16), WithPanicHandler(func(any) {}))
@@ -375,7 +415,7 @@ func TestReview31PinBooksSystemStopRace(t *testing.T) {
 					d := time.Duration(rng.IntN(400)) * time.Microsecond
 					switch rng.IntN(8) {
 					case 0:
-						tm, err = w.AfterFunc(d, func() { starts.Add(1); panicked.Add(1); panic("r31") })
+						tm, err = w.AfterFunc(d, func() { starts.Add(1); panicked.Add(1); panic("a panicking callback") })
 					case 1:
 						tm, err = w.AfterFunc(d, func() { starts.Add(1); runtime.Goexit() })
 					case 2:
@@ -415,92 +455,15 @@ func TestReview31PinBooksSystemStopRace(t *testing.T) {
 	}
 }
 
-// TestReview33FixedLatenessReadOncePerBatch: Stats.Lateness is documented as "how late each
-// callback started, against its deadline rounded up to the tick" (API.md, Stats' doc). runRefs
-// (workers.go:200-207) reads the clock once for a whole batch, before its first callback, so a
-// callback that starts after a slow one of its batch is counted as on time. Here the first of two
-// callbacks due at 1ms takes a second (it moves the manual clock, as a slow callback would on the
-// system clock); the second starts 1s late and Lateness says nobody was later than 1µs. This
-// is the head-of-line delay that README's Limits ("a slow callback delays the callbacks of its
-// own step (up to 256) that follow it") warns about, and Lateness is the metric meant to show
-// it.
-func TestReview33FixedLatenessReadOncePerBatch(t *testing.T) {
-	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1))
-	var startedAt []time.Duration
-	for i := 0; i < 2; i++ {
-		_, err := w.AfterFunc(time.Millisecond, func() {
-			startedAt = append(startedAt, clk.Now().Sub(time.Unix(0, 0)))
-			if len(startedAt) == 1 {
-				clk.Advance(time.Second) // the first to start takes a second
-			}
-		})
-		require.NoError(t, err)
-	}
-	clk.Advance(time.Millisecond)
-	require.Equal(t, []time.Duration{time.Millisecond, time.Second + time.Millisecond}, startedAt)
-	st := balance33(t, w)
-	require.GreaterOrEqual(t, st.Lateness.Quantile(1), time.Second/2,
-		"the second callback started 1s after its deadline; Lateness buckets: %v", st.Lateness.Buckets)
-}
-
-// TestReview33FixedQueuedCountsOnlyUntaken: API.md defines Stats.Queued as "callbacks handed to the
-// worker pool and not yet started". pool.totals (workers.go:103-117) computes it as pushed -
-// taken, and a worker counts a whole chunk as taken when it takes it from the queue
-// (runTask, expiry.go:209), before it starts the chunk's first callback. With one worker and
-// four callbacks due together (one chunk), while the first blocks the three others have not
-// started, Len counts them pending ("a timer whose callback waits in the worker queue is still
-// pending"), and Queued says 0.
-func TestReview33FixedQueuedCountsOnlyUntaken(t *testing.T) {
-	w, clk := newManualWheel(t, WithWorkers(1), WithShards(1))
-	entered, release := make(chan struct{}), make(chan struct{})
-	var mu sync.Mutex
-	started := 0
-	for i := 0; i < 4; i++ {
-		_, err := w.AfterFunc(time.Millisecond, func() {
-			mu.Lock()
-			started++
-			first := started == 1
-			mu.Unlock()
-			if first {
-				close(entered)
-				<-release
-			}
-		})
-		require.NoError(t, err)
-	}
-	clk.Advance(time.Millisecond)
-	wait26(t, entered, "the first callback never started")
-	st := w.Stats()
-	close(release)
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return started == 4 }, 5*time.Second, time.Millisecond)
-	require.Equal(t, uint64(1), st.Fired)
-	require.Equal(t, 3, st.Pending, "three callbacks handed to the pool have not started")
-	require.Equal(t, 3, st.Queued, "Stats.Queued: callbacks handed to the worker pool and not yet started")
-}
-
-// TestReview33FixedStatsWorkersWithZeroWorkers (minor): Stats.Workers is "number of worker
-// goroutines", and New's doc says it starts "its workers (one with WithWorkers(0) on the system
-// clock, which runs the callbacks...)". Stats reports w.opts.workers (shardwheel.go:308), 0,
-// while the wheel runs one worker goroutine (pool.init, workers.go:66-69); so does the prom
-// collector's shardwheel_workers gauge.
-func TestReview33FixedStatsWorkersWithZeroWorkers(t *testing.T) {
-	w, err := New(WithWorkers(0))
-	require.NoError(t, err)
-	defer w.Stop()
-	require.Len(t, w.pool.done, 1, "one worker goroutine on the system clock")
-	require.Equal(t, 1, w.Stats().Workers, "Stats.Workers: number of worker goroutines")
-}
-
-// TestReview34PinLatenessStrideBound (review 34 reported it as a bug; it is the documented bound
-// of lateClock's stride): Stats.Lateness counts "how late each callback started", read "as
-// callbacks start" so that the callbacks behind a slow one in a batch show how late they were.
-// After a flood of quick callbacks the stride is 16 (lateClock), and up to 15 callbacks after a
-// slow one share the reading taken before it started. Here 31 callbacks start at least 30 ms
-// after their deadline, and all but those 15 at most are counted 16 ms late or more.
-// The stride the slot's last batch ended with is set by hand to what a flood of quick callbacks
-// leaves (lateStride; reached by runFrom without the race detector, whose overhead keeps each
-// callback above lateQuick): without -race, 64 real timers on one worker show the same, 17 of 32.
-func TestReview34PinLatenessStrideBound(t *testing.T) {
+// TestStatsLatenessStrideBound: the documented bound of how Lateness reads the clock on the
+// system clock (Stats.Lateness's doc, lateClock): a reading may serve up to 16 quick callbacks
+// that start one after another, so the delay a slow callback causes may be missed in up to 15 of
+// those after it, and no more. Here the first of 32 callbacks fired together sleeps 30ms, so the
+// 31 after it start at least 30ms after their deadline: all but 15 at most are counted 16ms late
+// or more. The stride the slot's last batch ended with is set by hand to what a flood of quick
+// callbacks leaves (lateStride; the race detector's overhead keeps real callbacks above
+// lateQuick, so a flood would not reach it under -race).
+func TestStatsLatenessStrideBound(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	w, err := New(WithShards(1), WithWorkers(1))
 	require.NoError(t, err)

@@ -17,6 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// TestStatsCountRejections: a scheduling call that returns an error counts in Rejected; Shards
+// is the number of shards, and Workers is 0 for a manual wheel with WithWorkers(0), whose
+// callbacks run inside Advance on no goroutine of the wheel's.
 func TestStatsCountRejections(t *testing.T) {
 	w, _ := manualWheel(t)
 	_, err := w.AfterFunc(0, nil)
@@ -123,8 +126,9 @@ func TestStatsVarDoesNotKeepWheel(t *testing.T) {
 	require.Equal(t, "null", v.String())
 }
 
-// TestHistogramBucketOf pins the bucket of every boundary: Buckets[0] < 1µs, Buckets[i] in
-// [2^(i-1), 2^i) µs, and the last bucket everything from 2^30 µs up, however long.
+// TestHistogramBucketOf: the bucket of every boundary: Buckets[0] < 1µs (a negative lateness
+// too), Buckets[i] in [2^(i-1), 2^i) µs, and the last bucket everything from 2^30 µs up, however
+// long; BucketBound is each bucket's exclusive upper bound.
 func TestHistogramBucketOf(t *testing.T) {
 	require.Equal(t, 0, sw.BucketOf(math.MinInt64))
 	require.Equal(t, 0, sw.BucketOf(-time.Second), "a start before the deadline counts as on time")
@@ -152,7 +156,7 @@ func TestHistogramBucketOf(t *testing.T) {
 }
 
 // TestHistogramQuantile: Count is the sum of the buckets; Quantile is the upper bound of the
-// bucket holding the q-quantile, 0 when empty.
+// bucket holding the q-quantile, 0 when empty or for a NaN q, and q is clamped to [0, 1].
 func TestHistogramQuantile(t *testing.T) {
 	var h sw.Histogram
 	require.Zero(t, h.Count())
@@ -187,6 +191,7 @@ func TestHistogramQuantile(t *testing.T) {
 	// A single duration is every quantile.
 	var one sw.Histogram
 	one.Observe(5 * time.Microsecond) // [4, 8) µs
+	require.Equal(t, uint64(1), one.Buckets[3])
 	for _, q := range []float64{0, 0.01, 0.5, 1} {
 		require.Equal(t, 8*time.Microsecond, one.Quantile(q))
 	}
@@ -279,8 +284,9 @@ func TestStatsLatenessCountsEveryStart(t *testing.T) {
 	require.Equal(t, int64(3+10), runs.Load()) // the context's deadline runs no user callback
 }
 
-// TestStatsQueued: callbacks handed to the workers and not yet started count in Queued until a
-// worker takes them; then they count in Fired and in Lateness.
+// TestStatsQueued: callbacks due and taken from the wheel that wait in the queue for a worker
+// (the only one is busy) count in Queued, and are still pending, until they start; then they
+// count in Fired and in Lateness, and Queued is 0 again.
 func TestStatsQueued(t *testing.T) {
 	w, mc := manualWheel(t, sw.WithWorkers(1))
 

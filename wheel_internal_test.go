@@ -141,10 +141,9 @@ func (h *rwHarness) advance(now int64, budget int) bool {
 // drain applies them), at ticks of 1 ns, 1000 ns and 2^20 ns. Checks never early, nothing due
 // left after a completed advance, a next wake after now and no later than the earliest pending
 // deadline rounded up to the grain, that every budgeted advance finishes, and the invariants.
-// (Written by this change's reviews.) It runs twice: as with a manual clock, and as on the system
-// clock, where a due entry of a later tick fires as its bucket is taken (shard.expire) and the
-// reading may move on between the budgeted steps of one advance (advanceShard reads the clock
-// at each step).
+// It runs twice: as with a manual clock, and as on the system clock, where a due entry of a later
+// tick fires as its bucket is taken (shard.expire: the fire-ahead path) and the reading may move
+// on between the budgeted steps of one advance (driveShard reads the clock at each step).
 func TestWheelExactResets(t *testing.T) {
 	for _, system := range []bool{false, true} {
 		t.Run(fmt.Sprintf("system=%v", system), func(t *testing.T) { testWheelExactResets(t, system) })
@@ -248,14 +247,14 @@ func testWheelExactResets(t *testing.T, system bool) {
 	}
 }
 
-// TestReview21BareSystemBigJumps is TestWheelExactResets/system=true with what it leaves out:
+// TestWheelExactResetsBigJumps: TestWheelExactResets on the system clock, with what it leaves out:
 // fresh readings between budgeted steps that jump far (a level-1, level-2 and level-3 span, and
 // past the overflow's era), deadlines in the overflow and at the end of time, and an audit that
 // each entry fires at most once and that every pending one stays linked (count and position).
 // After every step: verify, strongBare, never early (the harness), and after a completed
 // advance nothing due is left and the next wake is no later than the earliest deadline rounded
 // up to the grain.
-func TestReview21BareSystemBigJumps(t *testing.T) {
+func TestWheelExactResetsBigJumps(t *testing.T) {
 	ahead := 0
 	for _, tc := range []struct{ tick, grain int64 }{{1000, 1}, {1000, 64}, {1, 1}, {1 << 20, 1 << 16}} {
 		rng := rand.New(rand.NewPCG(uint64(tc.tick)+2121, uint64(tc.grain)))
@@ -360,11 +359,12 @@ func TestReview21BareSystemBigJumps(t *testing.T) {
 	require.Positive(t, ahead, "the fire-ahead path was never taken")
 }
 
-// TestReview21HeldResetMeetsFireAhead: a Reset paused between its claim and its release while a
-// cascade step of its level-3 bucket is taken with a reading past its old deadline (the fire-
-// ahead path): the entry is parked, not fired, and after the release it fires at its new
-// deadline, not before, exactly once. Both a later and an earlier new deadline.
-func TestReview21HeldResetMeetsFireAhead(t *testing.T) {
+// TestWheelHeldResetNotFiredAhead: a Reset paused between its two steps (Timer.hold and
+// finishReset) while a cascade step of its level-3 bucket is taken with a reading past its old
+// deadline (the fire-ahead path, which fires a due entry of a later tick as its bucket is taken):
+// the entry is parked, not fired on the deadline being replaced, and once the Reset finishes it
+// fires at its new deadline, not before, exactly once. Both a later and an earlier new deadline.
+func TestWheelHeldResetNotFiredAhead(t *testing.T) {
 	for _, later := range []bool{true, false} {
 		t.Run(fmt.Sprint("later=", later), func(t *testing.T) {
 			w, s, drive, run := sysShard(t)
@@ -418,7 +418,8 @@ func TestReview21HeldResetMeetsFireAhead(t *testing.T) {
 	}
 }
 
-// requireBalancedSoon: Scheduled == Fired + Stopped + Pending, with pending as expected.
+// requireBalancedSoon requires Scheduled == Fired + Stopped + Dropped + Pending, with pending as
+// expected.
 func requireBalancedSoon(t *testing.T, w *Wheel, pending int) {
 	t.Helper()
 	st := w.Stats()
@@ -426,13 +427,13 @@ func requireBalancedSoon(t *testing.T, w *Wheel, pending int) {
 	require.Equal(t, pending, st.Pending)
 }
 
-// TestReview21FireAheadRaceFreeEdges: on the fire-ahead path, with budgeted steps at readings
-// that move on between steps: a Reset to a later deadline (no command) past the step's reading
-// is re-linked, not fired; a Reset to a later deadline still before the reading fires at it; a
-// Stop after the step fired an entry (firing) keeps its callback from running; an Every fired
-// ahead re-arms a whole interval after its due instant, not from the bucket's start, and does not
-// run again before it. Stats balance at the end.
-func TestReview21FireAheadRaceFreeEdges(t *testing.T) {
+// TestWheelFireAheadEdges: on the fire-ahead path, with budgeted steps at readings that move on
+// between steps: a Reset to a later deadline (no command) past the step's reading is re-linked, not
+// fired; a Reset to a later deadline still before the reading fires at it; a Stop after the step
+// fired an entry (firing) keeps its callback from running; an Every fired ahead re-arms a whole
+// interval after its due instant, not from the bucket's start, and does not run again before it.
+// Stats balance at the end.
+func TestWheelFireAheadEdges(t *testing.T) {
 	w, s, drive, run := sysShard(t)
 	h := time.Hour
 	ms := int64(time.Millisecond)
@@ -550,14 +551,14 @@ func cascBare(w *timingWheel) error {
 	return nil
 }
 
-// TestReview22CascRandom: a random model in the style of TestReview21BareSystemBigJumps, tuned
-// so that cascades are cut short often (most entries land in buckets of level 1 to 3, budgets of
-// 1 to 40), with commands aimed at entries sitting in casc (unlink, lower, raise), fresh readings
-// between the steps (system clock) or one reading per advance (manual). After every step:
+// TestWheelCascadeInProgressRandom: a random model in the style of TestWheelExactResetsBigJumps,
+// tuned so that cascades are cut short often (most entries land in buckets of level 1 to 3, budgets
+// of 1 to 40), with commands aimed at entries sitting in casc (unlink, lower, raise), fresh
+// readings between the steps (system clock) or one reading per advance (manual). After every step:
 // verify, strongBare, cascBare, the count, never early, at most once; after a completed advance
-// casc is empty and nothing due is left; on the manual clock the buckets fire in order within
-// one advance (elapsed at each firing never goes back, and no entry fires ahead of its tick).
-func TestReview22CascRandom(t *testing.T) {
+// casc is empty and nothing due is left; on the manual clock the buckets fire in order within one
+// advance (elapsed at each firing never goes back, and no entry fires ahead of its tick).
+func TestWheelCascadeInProgressRandom(t *testing.T) {
 	cascSeen, cascHit := 0, 0
 	for _, system := range []bool{false, true} {
 		for _, tc := range []struct{ tick, grain int64 }{{1, 1}, {1000, 64}} {
@@ -672,18 +673,18 @@ func TestReview22CascRandom(t *testing.T) {
 	t.Logf("steps with a cascade in progress: %d; commands on casc entries: %d", cascSeen, cascHit)
 }
 
-// TestReview22ShortTimerBehindLevel2CascadeRest: the cut-short cascade is of a bucket of level
-// 2 (ticks 4096 to 8191), taken late: the step's reading is tick 4166, past the first 64 ticks of
-// its span. The 2000 entries of that bucket are all due at tick 4196 or later, so none is due;
-// the cascade only moves them down. A short timer armed between the steps, due at tick 4168, goes
-// to level 1 (the bucket of ticks 4160-4223), not level 0, since elapsed stays at the cascade's
-// start, 4096. On f4dada9 only a level-0 bucket went before the rest of a cascade, so this one
-// waited for every one of the 1950 entries left, none of which was due (35 steps): the wait
-// f4dada9 set out to remove. Any bucket of a lower level goes first now (wheel.lowerDue). The
-// case is reached whenever a cascade of level 2 or more is still running 64 ticks after its
-// bucket's start: a bucket taken late (the shard's advancer held up), or a cascade longer than
-// 64 ticks (about 20 ms for a million entries: any tick under ~300 us).
-func TestReview22ShortTimerBehindLevel2CascadeRest(t *testing.T) {
+// TestWheelLevel1BucketBeforeLevel2CascadeRest: on the system clock a due bucket of any level
+// below a cascade's goes before the cascade's rest (timingWheel.lowerDue), not only one of level 0.
+// The cut-short cascade is of a bucket of level 2 (ticks 4096 to 8191), taken late: the step's
+// reading is tick 4166, past the first 64 ticks of its span. The 2000 entries of that bucket are
+// all due at tick 4196 or later, so none is due; the cascade only moves them down. A short timer
+// armed between the steps, due at tick 4168, goes to level 1 (the bucket of ticks 4160-4223), not
+// level 0, since elapsed stays at the cascade's start, 4096. It fires within two steps, rather
+// than after the 1950 entries left, none of them due, were moved down (35 steps). The case arises
+// whenever a cascade of level 2 or more is still running 64 ticks after its bucket's start: a
+// bucket taken late (the shard's advancer held up), or a cascade longer than 64 ticks (about
+// 20 ms for a million entries: any tick under ~300 us).
+func TestWheelLevel1BucketBeforeLevel2CascadeRest(t *testing.T) {
 	const n, budget, short = 2000, 50, 4168
 	tw := NewTestWheel(0)
 	tw.SystemClock = true
@@ -741,14 +742,14 @@ func driveChecked(t *testing.T, s *shard, drive func(now int64, budget int) bool
 	run()
 }
 
-// TestReview22CascStopResetOnShard: with a cascade in progress (casc holds the rest of a level-3
-// bucket), timers sitting in casc are stopped (the cancel unlinks them from casc: a lane's first
-// entry and a later one), reset earlier (the reset command moves them out of casc), reset later
-// (no command: casc takes them and re-links them), and held by a paused Reset while casc is taken
-// (parked, then moved by the Reset's command). Then the rest runs in budgeted steps at readings
-// that move on. Every timer not stopped runs once, at or after its deadline; stopped ones never;
-// verify and strongVerify hold after every step; the counters balance.
-func TestReview22CascStopResetOnShard(t *testing.T) {
+// TestWheelCascadeInProgressStopResetOnShard: with a cascade in progress (casc holds the rest of a
+// level-3 bucket), timers sitting in casc are stopped (the cancel unlinks them from casc: a lane's
+// first entry and a later one), reset earlier (the reset command moves them out of casc), reset
+// later (no command: casc takes them and re-links them), and held by a paused Reset while casc is
+// taken (parked, then moved by the Reset's command). Then the rest runs in budgeted steps at
+// readings that move on. Every timer not stopped runs once, at or after its deadline; stopped ones
+// never; verify and strongVerify hold after every step; the counters balance.
+func TestWheelCascadeInProgressStopResetOnShard(t *testing.T) {
 	const n = 200
 	w, s, drive, run, tms, cur, ran := cascShard(t, n, 10)
 	var casc []int
@@ -813,11 +814,11 @@ func TestReview22CascStopResetOnShard(t *testing.T) {
 	requireRanOnce(t, w, len(tms), ran, due, stopped)
 }
 
-// TestReview22StaleReadingWithCasc: an advance with a reading behind elapsed (a keeper that took
+// TestWheelStaleReadingKeepsCascadeDue: an advance with a reading behind elapsed (a keeper that took
 // the shard over with the reading of its wake, older than the previous step's fresh one) returns
 // done at once and publishes the shard's next; with a cascade in progress that next must be due
 // at once, or the rest of the cascade waits for the shard's next deadline.
-func TestReview22StaleReadingWithCasc(t *testing.T) {
+func TestWheelStaleReadingKeepsCascadeDue(t *testing.T) {
 	_, s, drive, _, _, cur, _ := cascShard(t, 100, 10)
 	require.False(t, s.tw.casc.empty())
 	s.mu.Lock()
@@ -831,13 +832,13 @@ func TestReview22StaleReadingWithCasc(t *testing.T) {
 	require.True(t, s.tw.casc.empty())
 }
 
-// TestReview22ShortTimerBehindCascadeOnShard is TestReview22ShortTimerBehindLevel2CascadeRest
+// TestWheelShortTimerBeforeCascadeRestOnShard: TestWheelLevel1BucketBeforeLevel2CascadeRest
 // through a shard (AfterFunc, the add command, shard.expire): the rest of a level-3 bucket is in
 // casc, its timers 7 ms apart; at a reading 72 ticks past the bucket's start a timer armed for
-// that moment is linked at level 1 (elapsed stays at the bucket's start). On f4dada9 it ran only
-// once the whole rest had been moved down (35 steps), although all but about ten of those timers
-// are minutes away.
-func TestReview22ShortTimerBehindCascadeOnShard(t *testing.T) {
+// that moment is linked at level 1 (elapsed stays at the bucket's start). It runs within two
+// budgeted steps, not once the whole rest has been moved down (35 steps), though all but about
+// ten of those timers are minutes away.
+func TestWheelShortTimerBeforeCascadeRestOnShard(t *testing.T) {
 	const n, budget = 2000, 50
 	w, s, drive, run, _, cur, _ := cascShard(t, n, budget)
 	start := s.tw.casc.start
@@ -901,16 +902,16 @@ func putBackIDs(h *rwHarness) map[[2]int][]int {
 	return out
 }
 
-// TestReview23PutBackRandom: a random model aimed at 94ed137: a big bucket of level 2 or 3 whose
-// cascade is cut short (budgets 0 and 3 to 64, some below 32, where the reserve is a round of
-// lanes or less), bursts into level-1 and level-2 buckets inside its span (so that lower buckets
-// go first and are cut short and put back while casc is non-empty), readings that move within
-// the span and far past it, and commands between the steps aimed at entries in put-back buckets
-// and in casc (unlink, lower, raise, lower to due). After every step: verify, strongBare,
-// cascBare, putBackBare, the count, never early, at most once; nothing is linked into a put-back
-// bucket (its ids only shrink until it is taken); after a completed advance casc is empty and
-// nothing due is left.
-func TestReview23PutBackRandom(t *testing.T) {
+// TestWheelPutBackRandom: a random model of buckets put back beside a cascade in progress: a big
+// bucket of level 2 or 3 whose cascade is cut short (budgets 0 and 3 to 64, some below 32, where
+// casc's share is a round of lanes or less), bursts into level-1 and level-2 buckets inside its
+// span (so that lower buckets go first and are cut short and put back while casc is non-empty),
+// readings that move within the span and far past it, and commands between the steps aimed at
+// entries in put-back buckets and in casc (unlink, lower, raise, lower to due). After every step:
+// verify, strongBare, cascBare, putBackBare, the count, never early, at most once; nothing is
+// linked into a put-back bucket (its ids only shrink until it is taken); after a completed advance
+// casc is empty and nothing due is left.
+func TestWheelPutBackRandom(t *testing.T) {
 	seenPutBack, hitPutBack, seenCasc := 0, 0, 0
 	pbLevels := map[int]int{} // put-back buckets seen at a step's start, by level
 	// A bare wheel on one goroutine: the race detector has nothing to check here and makes it
@@ -1090,15 +1091,16 @@ func TestReview23PutBackRandom(t *testing.T) {
 	require.Greater(t, hitPutBack, 50)
 }
 
-// TestReview23ReserveEatenByLaneRound: the reserve (budget/4) is what is left to casc after a
-// lower bucket's share, limit = left - reserve; but takeLanes finishes its round of lanes past
-// limit (up to laneCount-1 more), so with a budget below 4*laneCount the round eats the whole
-// reserve: budget 16, reserve 4, limit 12, and a lower bucket with 2 entries in each of the 8
-// lanes is taken whole (16), leaving left = 0, so casc gets nothing. With a budget's worth of
-// short timers due at every step (TestWheelCascadeGoesOnBesideShortTimers at budget 16 rather
-// than 80) the cascade's rest never shrinks: starved, which the reserve was added to prevent.
-// stepBudget is 256 (reserve 64), so shards are not affected; the bare wheel's contract is.
-func TestReview23ReserveEatenByLaneRound(t *testing.T) {
+// TestWheelCascadeShareSurvivesLaneRounds: with small budgets too, a cascade in progress gets its
+// share of every step, however many short timers come due beside it
+// (TestWheelCascadeGoesOnBesideShortTimers at budgets of 8 to 24 rather than 80). Its share is a
+// quarter of the budget, which a lower bucket that goes first must leave it; and takeLanes passes
+// its limit by up to laneCount-1 entries to finish a round of its lanes, so the lower bucket's
+// limit must leave room for that too (advance's keep). Were it not so, at budget 16 (share 4, so a
+// limit of 12) a lower bucket with 2 entries in each of the 8 lanes would be taken whole (16),
+// leaving casc nothing at every step. Shards step by stepBudget (256), far above this, but the
+// bare wheel's contract holds for any budget.
+func TestWheelCascadeShareSurvivesLaneRounds(t *testing.T) {
 	for _, budget := range []int{8, 16, 24} {
 		t.Run(fmt.Sprint("budget=", budget), func(t *testing.T) {
 			const n = 2000
@@ -1120,13 +1122,13 @@ func TestReview23ReserveEatenByLaneRound(t *testing.T) {
 				now++
 			}
 			require.Less(t, tw.Cascading(), start,
-				"50 steps of budget %d (reserve %d) beside %d due short timers each: the cascade's rest did not shrink (%d entries)",
+				"50 steps of budget %d (casc's share %d) beside %d due short timers each: the cascade's rest did not shrink (%d entries)",
 				budget, max(1, budget/4), budget, tw.Cascading())
 		})
 	}
 }
 
-// TestReview23PutBackStopResetOnShard: through a shard on the system clock, the rest of a level-3
+// TestWheelPutBackStopResetOnShard: through a shard on the system clock, the rest of a level-3
 // bucket is in casc, and a burst of 400 timers in one level-1 bucket inside its span comes due:
 // it goes first (lowerDue), is cut short by its share of the step and put back beside casc.
 // Timers in that put-back bucket are then stopped (a lane's first entry and a later one), reset
@@ -1134,7 +1136,7 @@ func TestReview23ReserveEatenByLaneRound(t *testing.T) {
 // (no command: the bucket's take re-links them), and held by a paused Reset across the takes
 // (parked, then moved by the Reset's command). Every timer not stopped runs once and never
 // early; verify and strongBare hold after every step (drive); the counters balance.
-func TestReview23PutBackStopResetOnShard(t *testing.T) {
+func TestWheelPutBackStopResetOnShard(t *testing.T) {
 	const n, burst = 600, 400
 	w, s, drive, run, tms, cur, ran := cascShard(t, n, 10)
 	base := s.tw.casc.start
@@ -1217,8 +1219,12 @@ func TestReview23PutBackStopResetOnShard(t *testing.T) {
 	requireRanOnce(t, w, len(tms), ran, due, stopped)
 }
 
-// TestStrongInvariantRandom drives random sequences on a manual clock and checks the
-// strong invariant after every step, with nothing drained by the check.
+// TestStrongInvariantRandom: random sequences of arms, Everys, Stops, Resets (some paused between
+// their two steps), arms and Stops paused between the claim of their ring slot and its publish,
+// drains and Advances on a manual clock keep the strong invariant after every step
+// (strongVerifyAll, which drains nothing: every pending entry sits in a bucket that comes due no
+// later than its deadline, and the shard's next is no later than any pending deadline it can see,
+// unless a reset command on its way moves it).
 func TestStrongInvariantRandom(t *testing.T) {
 	seeds := 300
 	if testing.Short() {
@@ -1354,7 +1360,8 @@ func TestStrongInvariantRandom(t *testing.T) {
 	}
 }
 
-// TestStrongVerifySelfCheck: the check catches what it is meant to.
+// TestStrongVerifySelfCheck: strongVerifyAll catches what it is meant to (a lost wake-up, a
+// pending entry linked after its deadline) where Verify does not.
 func TestStrongVerifySelfCheck(t *testing.T) {
 	w, clk, _ := parkWheel(t)
 	tm, err := w.AfterFunc(time.Hour, func() {})

@@ -9,10 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestWheelBudgetSameFirings checks that an advance cut into bounded steps (what a worker does
-// so that it holds a shard's mutex only briefly) fires exactly what one unbounded advance fires,
-// in the same order, with the wheel's invariants holding after every step, and with inserts and
-// unlinks landing between steps (what drains do while the worker has let go of the mutex).
+// TestWheelBudgetSameFirings: an advance cut into bounded steps (what a worker does so that it
+// holds a shard's mutex only briefly) fires exactly what one unbounded advance fires, in the same
+// order, with the wheel's invariants holding after every step, and with inserts and unlinks landing
+// between steps (what drains do while the worker has let go of the mutex).
 func TestWheelBudgetSameFirings(t *testing.T) {
 	for seed := uint64(0); seed < 40; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 7))
@@ -47,8 +47,9 @@ func TestWheelBudgetSameFirings(t *testing.T) {
 	}
 }
 
-// TestWheelBudgetBetweenSteps inserts and removes entries while a bounded advance is half way
-// through a bucket: the put-back bucket stays consistent and nothing fires early or twice.
+// TestWheelBudgetBetweenSteps: entries inserted and unlinked while a bounded advance is half way
+// through a bucket leave the put-back bucket consistent; nothing fires early or twice, and an
+// unlinked entry never fires.
 func TestWheelBudgetBetweenSteps(t *testing.T) {
 	tw := sw.NewTestWheel(0)
 	const n = 1000
@@ -148,10 +149,10 @@ func TestWheelLevel0BeforeCascadeRest(t *testing.T) {
 	}
 }
 
-// TestWheelCascadeGoesOnBesideShortTimers: on the system clock a due bucket below a cascade's
-// rest goes first (wheel.lowerDue), but not with the whole step: while a budget's worth of short
-// timers comes due at every step, the rest of a level-2 cascade still shrinks at every step, by
-// a quarter of the budget, and every timer fires once and never early.
+// TestWheelCascadeGoesOnBesideShortTimers: on the system clock a due bucket below a cascade's rest
+// goes first (timingWheel.lowerDue), but not with the whole step: while a budget's worth of short
+// timers comes due at every step, the rest of a level-2 cascade still shrinks at every step, by a
+// quarter of the budget, and every timer fires once and never early.
 func TestWheelCascadeGoesOnBesideShortTimers(t *testing.T) {
 	const n, budget = 2000, 80
 	tw := sw.NewTestWheel(0) // a tick of 1 ns: deadlines are ticks
@@ -191,7 +192,8 @@ func TestWheelCascadeGoesOnBesideShortTimers(t *testing.T) {
 // levelWidth is the number of ticks one slot of a level spans.
 func levelWidth(level int) int64 { return int64(1) << (uint(level) * sw.SlotBits) }
 
-// TestSlotFor checks slotFor over every slot of every level, with noise below and above.
+// TestSlotFor: slotFor finds the slot of a deadline in every slot of every level, whatever the
+// bits below and above that level's digit.
 func TestSlotFor(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for level := 0; level < sw.NumLevels; level++ {
@@ -207,9 +209,9 @@ func TestSlotFor(t *testing.T) {
 	}
 }
 
-// TestLevelFor checks levelFor and bucketStart over every slot of every level: a deadline in slot
-// s of level l, seen from an elapsed tick that agrees with it above l and is below it at l, is at
-// level l, and its bucket starts after elapsed, at or before the deadline.
+// TestLevelFor: levelFor and bucketStart over every slot of every level: a deadline in slot s of
+// level l, seen from an elapsed tick that agrees with it above l and is below it at l, is at level
+// l, and its bucket starts after elapsed, at or before the deadline.
 func TestLevelFor(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for level := 0; level < sw.NumLevels; level++ {
@@ -237,10 +239,10 @@ func TestLevelFor(t *testing.T) {
 	require.Equal(t, 3*sw.WheelSpan, sw.BucketStart(3*sw.WheelSpan+7, sw.Overflow))
 }
 
-// TestWheelCascade inserts deadlines across every level and beyond the top, advances in random
-// steps, and checks that each entry fires exactly once, at its own tick (never before, and never
-// after the tick of the advance that passed it), in deadline order, with the wheel's invariants
-// holding after every step.
+// TestWheelCascade: with deadlines across every level and beyond the top, advanced in random
+// steps, every entry fires exactly once, at its own tick (never before, and never after the tick
+// of the advance that passed it), in deadline order, with the wheel's invariants holding after
+// every step.
 func TestWheelCascade(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for round := 0; round < 20; round++ {
@@ -302,8 +304,8 @@ func TestWheelCascade(t *testing.T) {
 	}
 }
 
-// TestWheelUnlinkAndMove checks O(1) unlink and re-link: bitmaps and buckets agree after each,
-// unlinked entries never fire and moved ones fire at their new tick.
+// TestWheelUnlinkAndMove: after unlinks and re-links (a Stop's cancel, a Reset's move) bitmaps
+// and buckets agree, unlinked entries never fire and moved ones fire at their new tick.
 func TestWheelUnlinkAndMove(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	tw := sw.NewTestWheel(0)
@@ -336,9 +338,9 @@ func TestWheelUnlinkAndMove(t *testing.T) {
 	}
 }
 
-// TestWheelOverflow parks deadlines far beyond the top level, up to the end of time, and checks
-// that they re-cascade and fire at their exact tick, each in a handful of advances (no empty
-// ticks), and that one already due goes to the bucket of elapsed.
+// TestWheelOverflow: deadlines far beyond the top level, up to the end of time, are parked in the
+// overflow, re-cascade and fire at their exact tick, each in a handful of advances (no empty
+// ticks: never clamped, never lost); a deadline already behind elapsed fires at the next advance.
 func TestWheelOverflow(t *testing.T) {
 	tw := sw.NewTestWheel(0)
 	far := []int64{sw.WheelSpan, sw.WheelSpan + 1, 5*sw.WheelSpan + 12345, 1 << 50, math.MaxInt64 - 1, math.MaxInt64}
@@ -368,7 +370,8 @@ func TestWheelOverflow(t *testing.T) {
 	require.Equal(t, 100, tw.Fired[len(tw.Fired)-1].ID)
 }
 
-// TestWheelBitmapMatchesSlots fills random slots and checks the bitmaps bit by bit.
+// TestWheelBitmapMatchesSlots: each level's occupancy bitmap has exactly the bits of its
+// non-empty slots.
 func TestWheelBitmapMatchesSlots(t *testing.T) {
 	tw := sw.NewTestWheel(0)
 	var want [sw.NumLevels + 1]uint64
