@@ -37,7 +37,8 @@ const mallocHeaderSize = 8
 //     and by Stop and Reset of this shard's timers from any P.
 //  2. The slab's (pool.go): its free stack is lock-free, used by producers and by whoever frees
 //     an entry. The published next deadline sits there too: producers read it on every arm and
-//     the holder of mu writes it after each advance; both kept off the owner's lines below.
+//     the holder of mu writes it after each advance; both kept off the owner's lines below. And
+//     stoppedFiring, which only a rare Stop writes.
 //  3. and on: everything owned by whoever holds mu: a worker while it advances the shard, or a
 //     producer that found the ring full and drains it itself. A linked entry changes hands only
 //     there: a producer hands an entry over by publishing a command; the holder of mu takes it by
@@ -65,7 +66,11 @@ type shard struct {
 	// cascade may be due before any deadline (an advance publishes that start; any other drain
 	// notes it: drainNoteLocked).
 	next atomic.Int64
-	_    [cacheLineSize - unsafe.Sizeof(slab{}) - 8]byte
+	// stoppedFiring counts the Timer.Stop calls that stopped a timer of this shard after it had
+	// fired, before its callback started: Stats.Queued no longer counts such a callback. Written
+	// rarely (that Stop), by any goroutine.
+	stoppedFiring atomic.Uint64
+	_             [cacheLineSize - unsafe.Sizeof(slab{}) - 16]byte
 
 	mu    sync.Mutex
 	head  uint64      // the ring's consumer position; owned by the holder of mu

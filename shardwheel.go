@@ -304,7 +304,8 @@ func (w *Wheel) schedule(f func(any), arg any, d time.Duration) (Timer, error) {
 }
 
 // Len returns the number of pending timers: scheduled, and neither started nor stopped. A timer
-// whose callback has fired but not started (Stats.Queued) is still pending. After Stop, Len is 0.
+// whose callback is due but has not started (one of Stats.Queued) is still pending. After Stop,
+// Len is 0.
 func (w *Wheel) Len() int { return w.Stats().Pending }
 
 // Stats is a snapshot of a Wheel's counters. Each counter is read on its own, so a snapshot
@@ -321,8 +322,8 @@ type Stats struct {
 	Shards    int    // number of shards
 	Workers   int    // number of worker goroutines (one with WithWorkers(0) on the system clock)
 	// Queued counts callbacks that are due and taken from the wheel but not started yet: waiting
-	// for a worker, or behind a running callback on the goroutine that holds them. Once the wheel
-	// is quiet it is 0.
+	// for a worker, or behind a running callback on the goroutine that holds them (not those a
+	// Timer.Stop stopped meanwhile). Once the wheel is quiet it is 0.
 	Queued int
 	// HeldBytes is the memory the wheel holds for timers: entry blocks in use, or kept for reuse
 	// until the slab gives them back after a quiet spell (see trim.go).
@@ -337,10 +338,14 @@ type Stats struct {
 
 // Stats returns a snapshot of the counters. It takes no lock.
 func (w *Wheel) Stats() Stats {
-	fired, queued, late := w.pool.totals()
+	var stoppedFiring uint64
+	for _, s := range w.shards {
+		stoppedFiring += s.stoppedFiring.Load() // before taken (totals): never counted as waiting twice
+	}
+	fired, taken, late := w.pool.totals()
 	st := Stats{
 		Fired:    fired,
-		Queued:   queued,
+		Queued:   int(max(0, int64(taken)-int64(fired)-int64(stoppedFiring))),
 		Lateness: late,
 		Rejected: uint64(w.rejected.Value()),
 		Panics:   uint64(w.panics.Value()),

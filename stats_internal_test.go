@@ -168,7 +168,8 @@ func TestStatsQueuedCountsCallbacksBehindRunningOne(t *testing.T) {
 // TestStatsQueuedCallbackCanBeStopped: Timer.Stop of a timer whose callback is due and waits in
 // the worker queue (the only worker is blocked) reports true, and the callback never runs: a
 // callback that has not started can still be stopped. Until the Stop, Queued counts it and Len
-// still counts it pending; once the wheel is quiet Queued is 0 and the Stop is counted in Stopped.
+// still counts it pending; from the Stop on, neither does (it will never start), although the
+// worker has not come to it yet; the Stop is counted in Stopped.
 func TestStatsQueuedCallbackCanBeStopped(t *testing.T) {
 	w, clk := newManualWheel(t, WithWorkers(1), WithShards(1), WithQueueSize(64))
 	in, release := make(chan struct{}), make(chan struct{})
@@ -182,11 +183,14 @@ func TestStatsQueuedCallbackCanBeStopped(t *testing.T) {
 	clk.Advance(time.Millisecond) // dispatched: in the queue behind the blocked worker
 	queued, pending := w.Stats().Queued, w.Len()
 	stopped, again := tm.Stop(), tm.Stop()
+	after := w.Stats()
 	close(release) // before any assertion: a failed one must not leave the worker blocked
 	require.Equal(t, 1, queued)
 	require.Equal(t, 1, pending, "a queued callback is pending until it starts")
 	require.True(t, stopped, "Stop of a queued callback prevents it")
 	require.False(t, again)
+	require.Zero(t, after.Queued, "a stopped callback no longer waits: %+v", after)
+	require.Zero(t, after.Pending, "nor is it pending: %+v", after)
 	require.Zero(t, w.Stop())
 	require.Zero(t, ran.Load())
 	st := r31Balance(t, w)

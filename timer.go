@@ -61,6 +61,7 @@ func (t Timer) Stop() bool {
 			case isQueued(w):
 				t.stopQueued(e, w)
 			case isState(w, stFiring):
+				t.s.stoppedFiring.Inc() // its callback will not start: out of Stats.Queued now
 				t.stopFiring(e, w)
 			case isState(w, stPending):
 				// Let go of the callback now, not when the shard gets to the command below

@@ -36,8 +36,7 @@ type workerPool struct {
 // atomic because Stats and Wheel.Stop read them.
 type runSlot struct {
 	fired paddedCounter   // callbacks started (each Every run once)
-	taken atomic.Uint64   // entries this goroutine took from its shards' advance, fired or not yet
-	skip  atomic.Uint64   // entries it came to and did not start: a Stop got to them first
+	taken atomic.Uint64   // entries this goroutine's advance steps fired (taken from the wheel)
 	late  atomicHistogram // how late each callback started
 	// run is the entry of the Every whose run is in progress here, from just before the run's
 	// start until its re-arm is in its ring (runPeriodic, endRun). Wheel.Stop reads it to drop
@@ -95,24 +94,19 @@ func (p *workerPool) isWorker(g int64) bool {
 	return false
 }
 
-// totals sums the slots' counters: callbacks started, callbacks taken from the wheel and not
-// started yet, and the lateness histogram. Each counter is read once; the taken counts are read
-// last, so that a callback that starts meanwhile counts as not started rather than twice.
-func (p *workerPool) totals() (fired uint64, queued int, late Histogram) {
-	var skipped, taken uint64
+// totals sums the slots' counters: callbacks started, entries taken from the wheel, and the
+// lateness histogram. Every taken entry's callback starts (fired) or is stopped before it starts
+// (shard.stoppedFiring), so taken minus those is what waits (Stats.Queued).
+func (p *workerPool) totals() (fired, taken uint64, late Histogram) {
 	for i := range p.slots {
 		sl := &p.slots[i]
 		fired += sl.fired.n.Load()
-		skipped += sl.skip.Load()
 		sl.late.addTo(&late)
 	}
 	for i := range p.slots {
 		taken += p.slots[i].taken.Load()
 	}
-	if taken > fired+skipped {
-		queued = int(taken - fired - skipped)
-	}
-	return fired, queued, late
+	return fired, taken, late
 }
 
 // isClosed reports whether c is closed.
@@ -219,13 +213,11 @@ func (w *Wheel) runEntry(r ref, sl *runSlot, lc *lateClock, fb *freeBatch) {
 		switch {
 		case isState(s, stStopped):
 			fb.add(&r.s.slab, r.i, e) // the Stop counted itself; no command refers to e
-			sl.skip.Inc()
 			return
 		case isState(s, stLetGo):
 			// A Stop is letting go of the callback: leave the entry to it (it frees it) rather
 			// than wait, unless it moved on to stopped meanwhile (then look again).
 			if e.state.CompareAndSwap(s, withState(s, stPassed)) {
-				sl.skip.Inc()
 				return
 			}
 		case isPeriodic(s):
