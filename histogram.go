@@ -43,7 +43,7 @@ func (h Histogram) Quantile(q float64) time.Duration {
 	q = min(max(q, 0), 1)
 	// rank is the 1-based position of the quantile among the n sorted durations, ceil(q*n): at
 	// least 1, so that Quantile(0) is the smallest counted duration's bucket. q*n is a product of
-	// floats: 0.55*100 is 55.00000000000001, whose ceiling would be one rank too far (review 31),
+	// floats: 0.55*100 is 55.00000000000001, whose ceiling would be one rank too far,
 	// so a product within rounding of a whole number is that number.
 	x := q * float64(n)
 	rank := uint64(math.Ceil(x))

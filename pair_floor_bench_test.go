@@ -9,7 +9,7 @@ import (
 	"go.uber.org/atomic"
 )
 
-// BenchmarkPairFloor is issue 12 §1's question asked of a skeleton, not of the library: what
+// BenchmarkPairFloor asks a skeleton, not the library: what
 // is the least an arm+stop pair can cost under -race when the arm hands the timer to another
 // goroutine through a lock-free ring that the race detector sees?
 //

@@ -76,7 +76,7 @@ const (
 
 // init makes a ring of size slots rounded up to a power of two, and to two at least: in a ring of
 // one slot, "published for position p" and "free for position p+1" are the same seq (p+1), so
-// a second push would overwrite a command the consumer has not taken (found by review).
+// a second push would overwrite a command the consumer has not taken.
 func (r *ring) init(size int) {
 	n := ringSlots(size)
 	r.slots = make([]ringSlot, n)
