@@ -3,6 +3,7 @@ package shardwheel
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -18,16 +19,12 @@ import (
 // the Clock interface (its unexported method is promoted), so WithClock accepts it.
 type manualWrapper struct{ *ManualClock }
 
-// TestReview27WithClockWrappedManual (bug, bad input): WithClock accepts any Clock, but the wheel
-// recognises a manual clock only by the dynamic type *ManualClock (shardwheel.go:160; WithClock,
-// options.go:204-207). A Clock that embeds a *ManualClock is accepted without an error, and the
-// wheel then keeps time on the system clock (nanos, clock.go:115) while its contexts read Now from
-// the wrapper (context.go:62, 80, 478):
-// Advance never fires its timers, timers fire on the real clock while the manual one stands still,
-// and a context's Deadline is on the manual clock's scale while its timer runs on the real one.
-// API.md: "A wheel built WithClock(manual) reads time only from it"; an option the wheel cannot
-// honour must be an error naming it.
-func TestReview27WithClockWrappedManual(t *testing.T) {
+// TestWithClockRejectsWrappedManualClock: WithClock accepts any Clock, but the wheel keeps time on
+// a manual clock only when the Clock is a *ManualClock itself. A Clock that embeds a *ManualClock
+// would be read by the wheel's contexts while its timers ran on the system clock (Advance would
+// fire nothing). API.md: "A wheel built WithClock(manual) reads time only from it"; an option the
+// wheel cannot honour is an error that names the option and the value's type.
+func TestWithClockRejectsWrappedManualClock(t *testing.T) {
 	m := NewManualClock(time.Unix(0, 0))
 	_, err := New(WithClock(manualWrapper{m}), WithShards(1), WithWorkers(0))
 	require.Error(t, err)
@@ -39,40 +36,13 @@ func TestReview27WithClockWrappedManual(t *testing.T) {
 	w.Stop()
 }
 
-// TestReview27OptionErrors (pin): every invalid option value fails New with a nil Wheel and an
-// error that names the option and the value, in API.md's form.
-func TestReview27OptionErrors(t *testing.T) {
-	for _, c := range []struct {
-		opt  Option
-		want string
-	}{
-		{WithTick(0), "shardwheel: WithTick(0): tick must be positive"},
-		{WithTick(-time.Second), "shardwheel: WithTick(-1s): tick must be positive"},
-		{WithShards(0), "shardwheel: WithShards(0): "},
-		{WithShards(maxShards + 1), "shardwheel: WithShards(4097): "},
-		{WithWorkers(-1), "shardwheel: WithWorkers(-1): "},
-		{WithQueueSize(0), "shardwheel: WithQueueSize(0): "},
-		{WithRingSize(0), "shardwheel: WithRingSize(0): "},
-		{WithRingSize(-5), "shardwheel: WithRingSize(-5): "},
-		{WithMaxPending(-1), "shardwheel: WithMaxPending(-1): "},
-		{WithFullPolicy(FullPolicy(7)), "shardwheel: WithFullPolicy(FullPolicy(7)): "},
-		{WithClock(nil), "shardwheel: WithClock(nil): "},
-		{WithClock((*ManualClock)(nil)), "shardwheel: WithClock((*ManualClock)(nil)): "},
-		{WithPanicHandler(nil), "shardwheel: WithPanicHandler(nil): "},
-	} {
-		w, err := New(WithShards(1), c.opt)
-		require.Nil(t, w)
-		require.ErrorContains(t, err, c.want)
-	}
-}
-
-// TestReview31PinMaxPendingExactUnderChurn (pin): producers on every P arm timers that never fire
-// and stop them, Reset them, arm and stop Every series, Keyed keys and deadline contexts, under
-// WithMaxPending(limit). live counts what the test holds: it rises only after an arm returned
-// (the timer is then pending) and falls just before its Stop, so it is never above what is
-// pending: it must never pass limit. Once quiet, nothing is pending, and exactly limit arms are
-// accepted again (no credit lost, none made), then one refused with ErrTooManyTimers.
-func TestReview31PinMaxPendingExactUnderChurn(t *testing.T) {
+// TestMaxPendingExactUnderChurn: producers on every P arm timers that never fire and stop them,
+// Reset them, arm and stop Every series, Keyed keys and deadline contexts, under
+// WithMaxPending(limit). live counts what the test holds: it rises only after an arm returned (the
+// timer is then pending) and falls just before its Stop, so it is never above what is pending: it
+// must never pass limit. Once quiet, nothing is pending, and exactly limit arms are accepted again
+// (no credit lost, none made), then one refused with ErrTooManyTimers.
+func TestMaxPendingExactUnderChurn(t *testing.T) {
 	const limit = 50
 	w, err := New(WithMaxPending(limit), WithShards(4), WithWorkers(2), WithRingSize(8))
 	require.NoError(t, err)
@@ -165,7 +135,7 @@ func TestReview31PinMaxPendingExactUnderChurn(t *testing.T) {
 	wg.Wait()
 	require.LessOrEqual(t, maxLive.Load(), int64(limit), "more than WithMaxPending pending at once")
 	require.Zero(t, w.Len())
-	st := r31Balance(t, w)
+	st := requireQuietBooks(t, w)
 	require.Zero(t, st.Fired)
 
 	var last []Timer
@@ -182,10 +152,10 @@ func TestReview31PinMaxPendingExactUnderChurn(t *testing.T) {
 	require.Equal(t, 0, w.Stop())
 }
 
-// TestReview31PinCreditsBackAfterFiresAndStops (pin): after fires (one-shot, Every runs, Keyed,
-// contexts), stops, panics and Goexits, the free credits plus what is pending is the bound,
-// exactly; on a quiet wheel with nothing pending, every credit is free.
-func TestReview31PinCreditsBackAfterFiresAndStops(t *testing.T) {
+// TestMaxPendingCreditsBackAfterFiresAndStops: after fires (one-shot, Every runs, Keyed,
+// contexts), stops, panics and Goexits, the free credits of WithMaxPending plus what is pending is
+// the bound, exactly; on a quiet wheel with nothing pending, every credit is free.
+func TestMaxPendingCreditsBackAfterFiresAndStops(t *testing.T) {
 	const limit = 100
 	w, clk := newManualWheel(t, WithWorkers(2), WithShards(4), WithMaxPending(limit),
 		WithPanicHandler(func(any) {}))
@@ -213,27 +183,35 @@ func TestReview31PinCreditsBackAfterFiresAndStops(t *testing.T) {
 	}
 	for range 5 {
 		clk.Advance(time.Millisecond)
-		r31Wait(t, "the books settle", func() bool {
+		waitUntil(t, "the books settle", func() bool {
 			st := w.Stats()
 			return st.Queued == 0 && st.Scheduled == st.Fired+st.Stopped+uint64(st.Pending)
 		})
-		require.Equal(t, int64(limit), r31Credits(w)+int64(w.Len()), "%+v", w.Stats())
+		require.Equal(t, int64(limit), freeCredits(w)+int64(w.Len()), "%+v", w.Stats())
 	}
 	for _, ev := range evs {
 		require.True(t, ev.Stop())
 	}
 	require.Zero(t, w.Len())
-	require.Equal(t, int64(limit), r31Credits(w))
-	r31Balance(t, w)
+	require.Equal(t, int64(limit), freeCredits(w))
+	requireQuietBooks(t, w)
 }
 
-// TestReview33PinMaxPendingErrorNamesLimit: past WithMaxPending every scheduling call (Every
-// included) returns an ErrTooManyTimers that names the limit; Stop of one frees a place.
-func TestReview33PinMaxPendingErrorNamesLimit(t *testing.T) {
-	w, _ := newManualWheel(t, WithWorkers(0), WithShards(2), WithMaxPending(3))
+// TestMaxPendingErrorNamesLimit: WithMaxPending(n): n timers are accepted; past that every
+// scheduling call (Every included) returns an ErrTooManyTimers that names the limit, schedules
+// nothing and counts in Rejected. A stopped timer frees its place, and so does one whose callback
+// has started: that callback may schedule in its place.
+func TestMaxPendingErrorNamesLimit(t *testing.T) {
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(3), WithMaxPending(3))
+	var inner []error
+	ran := 0
 	var tms []Timer
 	for i := 0; i < 3; i++ {
-		tm, err := w.AfterFunc(time.Hour, func() {})
+		tm, err := w.AfterFunc(time.Millisecond, func() {
+			ran++
+			_, err := w.AfterFunc(time.Hour, func() {})
+			inner = append(inner, err)
+		})
 		require.NoError(t, err)
 		tms = append(tms, tm)
 	}
@@ -246,7 +224,99 @@ func TestReview33PinMaxPendingErrorNamesLimit(t *testing.T) {
 		require.ErrorIs(t, err, ErrTooManyTimers)
 		require.True(t, strings.Contains(err.Error(), "WithMaxPending(3)"), "%v", err)
 	}
+	require.Equal(t, 3, w.Len(), "a refused call schedules nothing")
+	require.EqualValues(t, 3, w.Stats().Rejected)
 	require.True(t, tms[0].Stop())
 	_, err := w.Every(time.Hour, func() {})
+	require.NoError(t, err, "a stopped timer frees its place")
+	clk.Advance(time.Millisecond)
+	require.Equal(t, 2, ran)
+	require.Equal(t, []error{nil, nil}, inner, "a callback that started schedules in its own place")
+	require.Equal(t, 3, w.Len())
+	requireBooks(t, w)
+}
+
+// TestHugeTickFiresAtExactDeadline: WithTick is the width of a bucket, and a timer never starts
+// before the call plus d: with a one-hour tick, a 1ms timer fires at 1ms, not before, and is not
+// late against its deadline rounded up to the tick.
+func TestHugeTickFiresAtExactDeadline(t *testing.T) {
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1), WithTick(time.Hour))
+	ran := 0
+	_, err := w.AfterFunc(time.Millisecond, func() { ran++ })
 	require.NoError(t, err)
+	clk.Advance(time.Millisecond - 1)
+	require.Zero(t, ran)
+	clk.Advance(1)
+	require.Equal(t, 1, ran)
+	require.Equal(t, uint64(1), w.Stats().Lateness.Buckets[0])
+}
+
+// TestMaxDelayFiresAtEndOfTimeNotBefore: "Any d up to math.MaxInt64 is accepted and fires at its
+// time": with the clock already moved, AfterFunc(math.MaxInt64) does not fire one nanosecond
+// before the end of time, and fires there.
+func TestMaxDelayFiresAtEndOfTimeNotBefore(t *testing.T) {
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(2))
+	clk.Advance(time.Hour)
+	ran := 0
+	_, err := w.AfterFunc(math.MaxInt64, func() { ran++ })
+	require.NoError(t, err)
+	clk.Advance(math.MaxInt64 - time.Hour - 1)
+	require.Zero(t, ran)
+	require.Equal(t, 1, w.Len())
+	clk.Advance(1)
+	require.Equal(t, 1, ran)
+	requireBooks(t, w)
+}
+
+// TestArmStopResetAllocateNothing: API.md, "Scheduling": in steady state, AfterFuncArg followed by
+// Stop allocates nothing, on any goroutine (with a pointer as arg and one func value), and neither
+// does Timer.Reset; on the system clock and on a manual one. Each goroutine warms its shard up
+// first (steady state), then measures.
+func TestArmStopResetAllocateNothing(t *testing.T) {
+	for _, manual := range []bool{false, true} {
+		var w *Wheel
+		if manual {
+			w, _ = newManualWheel(t, WithShards(4), WithWorkers(2))
+		} else {
+			var err error
+			w, err = New(WithShards(4), WithWorkers(2))
+			require.NoError(t, err)
+		}
+		type payload struct{ n int }
+		p := &payload{}
+		f := func(arg any) { arg.(*payload).n++ }
+		var wg sync.WaitGroup
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 20000; i++ { // warm up this goroutine's shard
+					tm, _ := w.AfterFuncArg(time.Hour, f, p)
+					tm.Stop()
+				}
+				pair := testing.AllocsPerRun(2000, func() {
+					tm, err := w.AfterFuncArg(time.Hour, f, p)
+					if err != nil {
+						panic(err)
+					}
+					if !tm.Stop() {
+						panic("Stop reported false")
+					}
+				})
+				tm, _ := w.AfterFuncArg(time.Hour, f, p)
+				reset := testing.AllocsPerRun(2000, func() {
+					if !tm.Reset(time.Hour) {
+						panic("Reset reported false")
+					}
+				})
+				tm.Stop()
+				if pair != 0 || reset != 0 {
+					t.Errorf("manual=%v: AfterFuncArg+Stop %.2f allocs, Reset %.2f allocs", manual, pair, reset)
+				}
+			}()
+		}
+		wg.Wait()
+		require.Zero(t, w.Stop())
+		require.Zero(t, p.n)
+	}
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// TestNewRejectsInvalidOptions: every invalid option value, alone or with another, fails New with a
+// nil Wheel and an error that names the option and the value, in the form API.md gives.
 func TestNewRejectsInvalidOptions(t *testing.T) {
 	cases := []struct {
 		opt  sw.Option
@@ -23,6 +25,7 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 		{sw.WithTick(0), "shardwheel: WithTick(0): tick must be positive"},
 		{sw.WithTick(-time.Millisecond), "shardwheel: WithTick(-1ms): tick must be positive"},
 		{sw.WithShards(0), "shardwheel: WithShards(0): shards must be between 1 and 4096"},
+		{sw.WithShards(4097), "shardwheel: WithShards(4097): shards must be between 1 and 4096"},
 		{sw.WithShards(1 << 20), "shardwheel: WithShards(1048576): shards must be between 1 and 4096"},
 		{sw.WithWorkers(-1), "shardwheel: WithWorkers(-1): workers must be between 0 and 65536"},
 		{sw.WithQueueSize(0), "shardwheel: WithQueueSize(0): queue size must be between 1 and 67108864"},
@@ -52,8 +55,8 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 // TestSlabFull: a shard whose slab cannot grow refuses new timers with an ErrTooManyTimers that
 // names its limit, loses none of the timers it accepted, and accepts again once they end.
 func TestSlabFull(t *testing.T) {
-	t.Cleanup(sw.SetSlabCap(2 * sw.SlabChunkLen)) // runs after the wheel's Stop: cleanups run last-in first-out
-	const limit = 2*sw.SlabChunkLen - 1           // slab index 0 is never used
+	t.Cleanup(sw.SetSlabCap(2 * sw.BlockLen)) // runs after the wheel's Stop: cleanups run last-in first-out
+	const limit = 2*sw.BlockLen - 1           // slab index 0 is never used
 	w, clk := manualWheel(t, sw.WithShards(1))
 	fired := 0
 	f := func(any) { fired++ }
@@ -78,6 +81,9 @@ func TestSlabFull(t *testing.T) {
 	requireBalance(t, w)
 }
 
+// TestSchedulingErrors: a nil func is ErrNilFunc and an interval of 0 or less an error naming it,
+// and neither schedules anything; past WithMaxPending a timer is refused with ErrTooManyTimers
+// until a pending one ends (stopped or fired); each refusal counts in Stats.Rejected.
 func TestSchedulingErrors(t *testing.T) {
 	w, clk := manualWheel(t, sw.WithMaxPending(2))
 	_, err := w.AfterFunc(time.Second, nil)
@@ -111,6 +117,9 @@ func TestSchedulingErrors(t *testing.T) {
 	requireBalance(t, w)
 }
 
+// TestDelays: a negative or zero delay is due at once (Advance(0) fires it); deadlines are exact,
+// not rounded to the tick (1ns fires 1ns later); math.MaxInt64 is not clamped and fires at the end
+// of time.
 func TestDelays(t *testing.T) {
 	w, clk := manualWheel(t)
 	var order []string
@@ -135,6 +144,9 @@ func TestDelays(t *testing.T) {
 	requireBalance(t, w)
 }
 
+// TestTimerHandle: the zero Timer never fires; Reset moves a pending timer's deadline and reports
+// true; once a callback ran, Stop and Reset report false; a handle whose entry was reused never
+// touches the new timer; only the first Stop of a timer prevents its callback.
 func TestTimerHandle(t *testing.T) {
 	w, clk := manualWheel(t)
 	var zero sw.Timer
@@ -170,6 +182,7 @@ func TestTimerHandle(t *testing.T) {
 	requireBalance(t, w)
 }
 
+// TestResetEarlier: Reset to an earlier deadline fires the timer there, not at its old deadline.
 func TestResetEarlier(t *testing.T) {
 	w, clk := manualWheel(t)
 	var fired atomic.Int32
@@ -180,6 +193,8 @@ func TestResetEarlier(t *testing.T) {
 	require.EqualValues(t, 1, fired.Load())
 }
 
+// TestCallbackReschedulesItself: inside its callback a timer's Stop and Reset report false (it
+// has started), and the callback can arm the next timer of a chain.
 func TestCallbackReschedulesItself(t *testing.T) {
 	w, clk := manualWheel(t)
 	var tm sw.Timer

@@ -13,20 +13,15 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestReview28GoexitCallerRunsChunkLosesBatch (bug): with workers and a manual clock, dispatch
-// (workers.go:150-169) cuts the batch into chunks and runs a chunk the queue has no room for on
-// the Advance caller (CallerRuns, workers.go:157-158). A callback in such a chunk that calls
-// runtime.Goexit ends the caller: runFrom (workers.go:207-218) runs the rest of that chunk only,
-// then the goroutine unwinds through dispatch's loop, which never gets to the chunks after it,
-// and advanceManual's deferred call (clock.go:176-184) clears w.batch, which still held them.
-// Those entries were taken out of the wheel (firing): they never run, Stop does not count them,
-// and Len stays 1 for good. The comment at clock.go:170-174 says the rest of the batch ran and
-// what w.batch holds ran; only the rest of the chunk did. The same happens on every path where
-// dispatch runs chunks on the caller: Advance from a worker's callback (onWorker, any policy,
-// when the queue is full) and any policy once Stop has closed closing (workers.go:152-155).
-func TestReview28GoexitCallerRunsChunkLosesBatch(t *testing.T) {
+// TestGoexitInCallerRunsTaskKeepsRestOfBatch: with workers and a manual clock, dispatch cuts a
+// batch into tasks and runs a task the queue has no room for on the Advance caller (CallerRuns).
+// A callback in such a task that calls runtime.Goexit ends the caller; the tasks of the batch
+// after it, taken from the wheel and no longer pending, must still run: dispatch's deferred call
+// runs them as the goroutine unwinds. So every callback runs once, Queued drops to 0, and what
+// Stop returns balances the books.
+func TestGoexitInCallerRunsTaskKeepsRestOfBatch(t *testing.T) {
 	clock := NewManualClock(time.Unix(0, 0))
-	// chunkCap = 1 and room for one chunk in the queue.
+	// taskCap = 1 and room for one task in the queue.
 	w, err := New(WithClock(clock), WithShards(1), WithWorkers(1), WithQueueSize(1), WithFullPolicy(CallerRuns))
 	require.NoError(t, err)
 	defer w.Stop()
@@ -41,7 +36,7 @@ func TestReview28GoexitCallerRunsChunkLosesBatch(t *testing.T) {
 	require.NoError(t, err)
 	clock.Advance(0)
 
-	// Two timers with one deadline: one batch of two chunks, both run on the Advance caller. The
+	// Two timers with one deadline: one batch of two tasks, both run on the Advance caller. The
 	// first of them to run calls runtime.Goexit.
 	var first atomic.Bool
 	var ran atomic.Int32
@@ -66,15 +61,15 @@ func TestReview28GoexitCallerRunsChunkLosesBatch(t *testing.T) {
 
 	require.Equal(t, int32(2), ran.Load(), "the callback that fired with the one that called Goexit never ran (Len %d)", w.Len())
 	n := w.Stop()
-	review28Balance(t, w, n)
+	requireStoppedBooks(t, w, n)
 }
 
-// TestReview28GoexitInPanicHandler (pin): a panic handler that calls runtime.Goexit (t.FailNow
-// in a handler) runs inside call's deferred recover (workers.go:264-281). The Goexit still ends
-// only that goroutine: every callback of the batch runs once, each panic is counted, a worker
-// takes the place of the one that ended (system clock), the Advance caller lets go of the clock
-// (manual clock, WithWorkers(0)), and the books balance.
-func TestReview28GoexitInPanicHandler(t *testing.T) {
+// TestGoexitInPanicHandlerEndsOnlyThatGoroutine: a panic handler that calls runtime.Goexit
+// (t.FailNow in a handler) runs inside the deferred recover of the callback's call. The Goexit
+// still ends only that goroutine: every callback of the batch runs once, each panic is counted, a
+// worker takes the place of the one that ended (system clock), the Advance caller lets go of the
+// clock (manual clock, WithWorkers(0)), and the books balance.
+func TestGoexitInPanicHandlerEndsOnlyThatGoroutine(t *testing.T) {
 	const n = 12
 	t.Run("system", func(t *testing.T) {
 		var handled atomic.Int32
@@ -109,7 +104,7 @@ func TestReview28GoexitInPanicHandler(t *testing.T) {
 		got := w.Stop()
 		require.Zero(t, got)
 		require.Equal(t, int32(n), ran.Load(), "nothing ran twice")
-		review28Balance(t, w, got)
+		requireStoppedBooks(t, w, got)
 	})
 	t.Run("manual", func(t *testing.T) {
 		clock := NewManualClock(time.Unix(0, 0))
@@ -144,16 +139,16 @@ func TestReview28GoexitInPanicHandler(t *testing.T) {
 		got := w.Stop()
 		require.Zero(t, got)
 		require.Equal(t, int32(n), ran.Load(), "nothing ran twice")
-		review28Balance(t, w, got)
+		requireStoppedBooks(t, w, got)
 	})
 }
 
-// TestReview28GoexitUnderWorkersAdvance (pin): a worker's callback calls Advance (it becomes the
-// advancer), and a callback that this Advance runs on it (the queue is full, CallerRuns) calls
+// TestGoexitUnderWorkersAdvanceFreesClock: a worker's callback calls Advance (the worker becomes
+// the advancer), and a callback that this Advance runs on it (the queue is full, CallerRuns) calls
 // runtime.Goexit. That ends the worker's goroutine in the middle of its own callback, as any
-// Goexit on it would: the clock is let go of, the queued callback runs on the worker that took
-// its place, the count of workers stays 1, and the books balance.
-func TestReview28GoexitUnderWorkersAdvance(t *testing.T) {
+// Goexit on it would: the clock is let go of, the queued callback runs on the worker that took its
+// place, the count of workers stays 1, and the books balance.
+func TestGoexitUnderWorkersAdvanceFreesClock(t *testing.T) {
 	clock := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clock), WithShards(1), WithWorkers(1), WithQueueSize(1), WithFullPolicy(CallerRuns))
 	require.NoError(t, err)
@@ -169,7 +164,7 @@ func TestReview28GoexitUnderWorkersAdvance(t *testing.T) {
 		if err != nil {
 			panic(err)
 		}
-		clock.Advance(0) // into the queue: room for one chunk, and this worker is busy
+		clock.Advance(0) // into the queue: room for one task, and this worker is busy
 		_, err = w.AfterFunc(0, func() { goexitRan.Add(1); runtime.Goexit() })
 		if err != nil {
 			panic(err)
@@ -202,17 +197,21 @@ func TestReview28GoexitUnderWorkersAdvance(t *testing.T) {
 	}
 	got := w.Stop()
 	require.Zero(t, got)
-	require.Zero(t, WorkerGoroutines(w))
-	review28Balance(t, w, got)
+	for i, d := range w.pool.done {
+		require.True(t, isClosed(d), "worker %d had not exited when Stop returned", i)
+	}
+	// A worker's goroutine may still be in its last instructions after it closed its done channel.
+	require.Eventually(t, func() bool { return WorkerGoroutines(w) == 0 }, 5*time.Second, time.Millisecond)
+	requireStoppedBooks(t, w, got)
 }
 
-// TestReview28GoexitStopStorm (pin): on the system clock, callbacks (one-shot and Every) that
+// TestGoexitAndPanicsDuringOutsideStop: on the system clock, callbacks (one-shot and Every) that
 // call runtime.Goexit or panic while a Stop from another goroutine begins. When Stop returns no
-// callback is in progress (each one's deferred call has run, also when it called Goexit) and
-// none starts afterwards, the worker goroutines are gone (a goroutine may still be in its last
-// instructions after it closed done[i] or spawned the one that did, as on a plain exit), what
-// Stop returned is Stats.Dropped, and the books balance.
-func TestReview28GoexitStopStorm(t *testing.T) {
+// callback is in progress (each one's deferred call has run, also when it called Goexit) and none
+// starts afterwards, the worker goroutines are gone (a goroutine may still be in its last
+// instructions after it closed its done channel, or spawned the one that did, as on a plain
+// exit), what Stop returned is Stats.Dropped, and the books balance.
+func TestGoexitAndPanicsDuringOutsideStop(t *testing.T) {
 	rounds := 20
 	if testing.Short() {
 		rounds = 5
@@ -253,16 +252,16 @@ func TestReview28GoexitStopStorm(t *testing.T) {
 		require.Eventually(t, func() bool { return WorkerGoroutines(w) == 0 }, 5*time.Second, time.Millisecond,
 			"round %d: a worker goroutine outlived Stop", r)
 		require.Zero(t, late.Load(), "round %d: a callback started after Stop returned", r)
-		review28Balance(t, w, got)
+		requireStoppedBooks(t, w, got)
 	}
 }
 
-// TestReview30DispatchGoexitTwice (pin): a batch of four chunks runs on the Advance caller (the
-// only worker busy, the queue full, CallerRuns). The first chunk's callback calls Goexit:
-// dispatch's deferred call (workers.go:153-157) runs batch[1:]; in it the third calls Goexit
-// too, and runFrom's deferred call runs the fourth. Each runs exactly once, none is lost, and
-// the clock is free afterwards (advanceManual's deferred call).
-func TestReview30DispatchGoexitTwice(t *testing.T) {
+// TestGoexitTwiceInCallerRunsBatchRunsEachOnce: a batch of four tasks runs on the Advance caller
+// (the only worker busy, the queue full, CallerRuns). The first task's callback calls Goexit:
+// dispatch's deferred call runs the rest of the batch; in it the third calls Goexit too, and
+// runFrom's deferred call runs the fourth. Each runs exactly once, none is lost, and the clock is
+// free afterwards (advanceHeld's deferred call lets go of it).
+func TestGoexitTwiceInCallerRunsBatchRunsEachOnce(t *testing.T) {
 	clock := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clock), WithShards(1), WithWorkers(1), WithQueueSize(1), WithFullPolicy(CallerRuns))
 	require.NoError(t, err)
@@ -309,16 +308,20 @@ func TestReview30DispatchGoexitTwice(t *testing.T) {
 	}
 	n := w.Stop()
 	require.Zero(t, n)
-	require.Zero(t, WorkerGoroutines(w))
-	review28Balance(t, w, n)
+	for i, d := range w.pool.done {
+		require.True(t, isClosed(d), "worker %d had not exited when Stop returned", i)
+	}
+	// A worker's goroutine may still be in its last instructions after it closed its done channel.
+	require.Eventually(t, func() bool { return WorkerGoroutines(w) == 0 }, 5*time.Second, time.Millisecond)
+	requireStoppedBooks(t, w, n)
 }
 
-// TestReview36PinTinyQueueFloodBooks: floods that fire together on the system clock with a queue of
-// one callback (WithQueueSize(1): chunks of one, a channel of one), shares offered to idle
-// workers while some of the flood is stopped from outside and from its own callbacks, and an
-// Every that runs through it. Every timer runs once or has one Stop that reported true, and once
-// quiet the books balance: Queued is 0, Fired + Stopped == Scheduled, Lateness counts every start.
-func TestReview36PinTinyQueueFloodBooks(t *testing.T) {
+// TestTinyQueueFloodBalancesBooks: floods that fire together on the system clock with a queue of
+// one callback (WithQueueSize(1): tasks of one, a channel of one), shares offered to idle workers
+// while some of the flood is stopped from outside and from its own callbacks, and an Every that
+// runs through it. Every timer runs once or has one Stop that reported true, and once quiet the
+// books balance: Queued is 0, Fired + Stopped == Scheduled, Lateness counts every start.
+func TestTinyQueueFloodBalancesBooks(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	for _, workers := range []int{1, 3} {
 		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
@@ -382,4 +385,24 @@ func TestReview36PinTinyQueueFloodBooks(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestEveryPanicKeepsItsSeries: a panicking callback is recovered, counted in Stats.Panics and
+// handed to the panic handler, and the wheel keeps working: an Every whose f panics on every run
+// keeps its series, each panic counted and handed over once, and its Timer still stops it.
+func TestEveryPanicKeepsItsSeries(t *testing.T) {
+	var got []any
+	w, clk := newManualWheel(t, WithWorkers(0), WithShards(1),
+		WithPanicHandler(func(r any) { got = append(got, r) }))
+	n := 0
+	tm, err := w.Every(time.Millisecond, func() { n++; panic(n) })
+	require.NoError(t, err)
+	for i := 0; i < 3; i++ {
+		clk.Advance(time.Millisecond)
+	}
+	require.Equal(t, 3, n)
+	require.Equal(t, []any{1, 2, 3}, got)
+	require.Equal(t, uint64(3), w.Stats().Panics)
+	require.True(t, tm.Stop())
+	requireBooks(t, w)
 }

@@ -48,6 +48,8 @@ func TestFullQueue(t *testing.T) {
 	}
 }
 
+// TestPanickingCallback: a panicking callback is recovered and handed to the panic handler, counted
+// in Stats.Panics and as fired; the wheel keeps working and runs the next callback.
 func TestPanickingCallback(t *testing.T) {
 	var got []any
 	var mu sync.Mutex
@@ -534,9 +536,10 @@ func TestFaultGoexitInAdvance(t *testing.T) {
 }
 
 // TestFaultGoexitAfterStopInAdvance: a callback run by Advance (WithWorkers(0), or WithWorkers(1)
-// with the queue full and CallerRuns) stops the wheel and then calls runtime.Goexit. The Stop it
-// began is finished: the Advance goroutine ends, a Stop from another goroutine returns, the
-// timers that were pending count as dropped, and no worker goroutine is left.
+// with the queue full and CallerRuns) stops the wheel and then calls runtime.Goexit. Its Stop
+// returns at once with the five pending timers, though the worker still runs a callback that
+// waits; the Advance goroutine ends, a Stop from another goroutine returns (once the worker's
+// callbacks are over), and no worker goroutine is left.
 func TestFaultGoexitAfterStopInAdvance(t *testing.T) {
 	for _, workers := range []int{0, 1} {
 		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
@@ -583,15 +586,17 @@ func TestFaultGoexitAfterStopInAdvance(t *testing.T) {
 				advancer.Store(fltGoid())
 				clock.Advance(time.Millisecond)
 			}()
-			// The Stop waits for the worker, which waits for release.
 			select {
 			case <-stopping:
 			case <-time.After(fltPatience):
 				t.Fatal("the callback never ran on the Advance caller")
 			}
-			close(release)
-			require.Eventually(t, func() bool { return stopped.Load() >= 0 }, fltPatience, time.Millisecond)
+			// The Stop from the callback waits for nothing: not for the worker, which waits for
+			// release.
+			require.Eventually(t, func() bool { return stopped.Load() >= 0 }, fltPatience, time.Millisecond,
+				"the callback's Stop waited for the worker")
 			require.Equal(t, int64(5), stopped.Load(), "the callback's Stop drops the five pending an hour out")
+			close(release)
 			select {
 			case <-ended:
 			case <-time.After(fltPatience):
@@ -605,7 +610,8 @@ func TestFaultGoexitAfterStopInAdvance(t *testing.T) {
 			case <-time.After(fltPatience):
 				t.Fatal("Stop waits for an Advance that a runtime.Goexit ended")
 			}
-			require.Equal(t, 0, sw.WorkerGoroutines(w))
+			// A worker's goroutine may still be in its last instructions after Stop saw it exit.
+			require.Eventually(t, func() bool { return sw.WorkerGoroutines(w) == 0 }, fltPatience, time.Millisecond)
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,7 +33,8 @@ var stopClocks = []struct {
 
 // stopWheel makes a wheel for one of stopClocks; advance fires what is due within d (on the
 // system clock it waits for d; on a manual clock it advances in a goroutine of its own, since a
-// callback there may block, and returns a channel closed when that Advance returns).
+// callback there may block, and returns a channel closed when that Advance returns, or when a
+// callback that it runs ends its goroutine with runtime.Goexit).
 func stopWheel(t *testing.T, manual bool, workers int, opts ...sw.Option) (w *sw.Wheel, advance func(d time.Duration) <-chan struct{}) {
 	t.Helper()
 	if !manual {
@@ -49,97 +51,146 @@ func stopWheel(t *testing.T, manual bool, workers int, opts ...sw.Option) (w *sw
 	require.NoError(t, err)
 	return w, func(d time.Duration) <-chan struct{} {
 		done := make(chan struct{})
-		go func() { clk.Advance(d); close(done) }()
+		go func() { defer close(done); clk.Advance(d) }()
 		return done
 	}
 }
 
 // TestStopOutsideWaitsForCallbackThatStopped: a callback calls Stop, which returns at once with
-// the count of what was pending, and then blocks; a Stop from outside returns only after that
-// callback has returned and every goroutine of the wheel has exited.
+// the count of what was pending, and then blocks; Len is 0 and AfterFunc returns ErrClosed. A Stop
+// from outside returns (0) only after that callback has returned and every goroutine of the wheel
+// has exited, also when the callback ends in runtime.Goexit after its Stop (its worker's
+// replacement, or the Advance's goroutine, ends too).
 func TestStopOutsideWaitsForCallbackThatStopped(t *testing.T) {
 	for _, c := range stopClocks {
-		t.Run(c.name, func(t *testing.T) {
-			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-			w, advance := stopWheel(t, c.manual, c.workers)
-			for range 3 {
-				_, err := w.AfterFunc(time.Hour, func() {})
+		for _, goexit := range []bool{false, true} {
+			name := c.name
+			if goexit {
+				name += "/goexit"
+			}
+			t.Run(name, func(t *testing.T) {
+				defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+				w, advance := stopWheel(t, c.manual, c.workers)
+				for range 3 {
+					_, err := w.AfterFunc(time.Hour, func() {})
+					require.NoError(t, err)
+				}
+				inside := make(chan int, 1)
+				gate := make(chan struct{})
+				var finished atomic.Bool
+				_, err := w.AfterFunc(time.Millisecond, func() {
+					inside <- w.Stop()
+					<-gate
+					finished.Store(true)
+					if goexit {
+						runtime.Goexit()
+					}
+				})
 				require.NoError(t, err)
-			}
-			inside := make(chan int, 1)
-			gate := make(chan struct{})
-			var finished atomic.Bool
-			_, err := w.AfterFunc(time.Millisecond, func() {
-				inside <- w.Stop()
-				<-gate
-				finished.Store(true)
-			})
-			require.NoError(t, err)
-			advanced := advance(time.Millisecond)
-			select {
-			case n := <-inside:
-				require.Equal(t, 3, n, "Stop from the callback returns at once, with the count")
-			case <-time.After(5 * time.Second):
-				t.Fatal("Stop called from a callback did not return while the callback was blocked")
-			}
-			_, err = w.AfterFunc(time.Millisecond, func() {})
-			require.ErrorIs(t, err, sw.ErrClosed)
-			require.Zero(t, w.Len())
+				advanced := advance(time.Millisecond)
+				select {
+				case n := <-inside:
+					require.Equal(t, 3, n, "Stop from the callback returns at once, with the count")
+				case <-time.After(5 * time.Second):
+					t.Fatal("Stop called from a callback did not return while the callback was blocked")
+				}
+				_, err = w.AfterFunc(time.Millisecond, func() {})
+				require.ErrorIs(t, err, sw.ErrClosed)
+				require.Zero(t, w.Len())
 
-			returned := make(chan bool, 1)
-			go func() { require.Zero(t, w.Stop()); returned <- finished.Load() }()
-			time.Sleep(20 * time.Millisecond) // let the outside Stop reach its wait
-			close(gate)
-			select {
-			case fin := <-returned:
-				require.True(t, fin, "the outside Stop returned before the callback that called Stop")
-			case <-time.After(5 * time.Second):
-				t.Fatal("the outside Stop never returned")
-			}
-			<-advanced
-			requireBalance(t, w)
-		})
+				returned := make(chan bool, 1)
+				go func() { require.Zero(t, w.Stop()); returned <- finished.Load() }()
+				time.Sleep(20 * time.Millisecond) // let the outside Stop reach its wait
+				select {
+				case <-returned:
+					t.Fatal("the outside Stop returned while the callback that called Stop was blocked")
+				default:
+				}
+				close(gate)
+				select {
+				case fin := <-returned:
+					require.True(t, fin, "the outside Stop returned before the callback that called Stop")
+				case <-time.After(5 * time.Second):
+					t.Fatal("the outside Stop never returned")
+				}
+				<-advanced
+				requireBalance(t, w)
+			})
+		}
 	}
 }
 
-// TestStopTwoCallbacksWaitForEachOther: two callbacks each call Stop and then wait for the other
-// to have returned from its Stop. Neither Stop waits for the other callback, so both return.
+// TestStopTwoCallbacksWaitForEachOther: two callbacks, one on each worker, each call Stop and
+// then wait for the other to have returned from its Stop. Neither Stop waits for the other
+// callback, so both return, and exactly one Stop counts the timer that was pending. With a Stop
+// from outside under way first (the callbacks' Stops are then later ones and return 0), the same
+// holds, and the outside Stop returns the count only once both callbacks have returned.
 func TestStopTwoCallbacksWaitForEachOther(t *testing.T) {
 	for _, c := range stopClocks {
 		if c.workers < 2 {
 			continue // one goroutine runs one callback at a time: they could not wait for each other
 		}
-		t.Run(c.name, func(t *testing.T) {
-			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-			w, advance := stopWheel(t, c.manual, c.workers, sw.WithShards(2))
-			var wg sync.WaitGroup
-			wg.Add(2)
-			started := make(chan struct{}, 2)
-			gate, done := make(chan struct{}), make(chan struct{})
-			for range 2 {
-				// The second is armed once the first runs, so that the other worker runs it
-				// (two armed together may fire in one batch, on one worker, one after the other).
-				_, err := w.AfterFunc(time.Millisecond, func() {
-					started <- struct{}{}
-					<-gate // both are running
-					w.Stop()
-					wg.Done()
-					wg.Wait() // for the other callback's Stop
-				})
+		for _, outsideFirst := range []bool{false, true} {
+			name := c.name
+			if outsideFirst {
+				name += "/outside-first"
+			}
+			t.Run(name, func(t *testing.T) {
+				defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+				w, advance := stopWheel(t, c.manual, c.workers, sw.WithShards(2))
+				_, err := w.AfterFunc(time.Hour, func() {})
 				require.NoError(t, err)
-				advance(time.Millisecond)
-				within(t, started, "a callback did not start")
-			}
-			close(gate)
-			go func() { wg.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				t.Fatal("deadlock: the callbacks' Stops did not both return")
-			}
-			w.Stop()
-			requireBalance(t, w)
-		})
+				var wg sync.WaitGroup
+				wg.Add(2)
+				var inside, returned atomic.Int64
+				started := make(chan struct{}, 2)
+				gate, done := make(chan struct{}), make(chan struct{})
+				for range 2 {
+					// The second is armed once the first runs, so that the other worker runs it
+					// (two armed together may fire in one batch, on one worker, one after the other).
+					_, err := w.AfterFunc(time.Millisecond, func() {
+						defer returned.Add(1)
+						started <- struct{}{}
+						<-gate // both are running
+						inside.Add(int64(w.Stop()))
+						wg.Done()
+						wg.Wait() // for the other callback's Stop
+					})
+					require.NoError(t, err)
+					advance(time.Millisecond)
+					within(t, started, "a callback did not start")
+				}
+				type outsideResult struct{ n, returned int64 }
+				outside := make(chan outsideResult, 1)
+				if outsideFirst {
+					go func() { n := w.Stop(); outside <- outsideResult{int64(n), returned.Load()} }()
+					require.Eventually(t, func() bool { return w.Len() == 0 }, 5*time.Second, time.Millisecond,
+						"the outside Stop did not drop the hour-long timer")
+				}
+				close(gate)
+				go func() { wg.Wait(); close(done) }()
+				select {
+				case <-done:
+				case <-time.After(5 * time.Second):
+					t.Fatal("deadlock: the callbacks' Stops did not both return")
+				}
+				if outsideFirst {
+					select {
+					case r := <-outside:
+						require.EqualValues(t, 1, r.n, "the outside Stop counts the hour-long timer")
+						require.EqualValues(t, 2, r.returned, "the outside Stop returned before both callbacks")
+					case <-time.After(5 * time.Second):
+						t.Fatal("the outside Stop never returned")
+					}
+					require.Zero(t, inside.Load(), "the callbacks' Stops came later: each returns 0")
+				} else {
+					require.Zero(t, w.Stop())
+					require.EqualValues(t, 1, inside.Load(), "one of the callbacks' Stops counts the hour-long timer")
+				}
+				requireBalance(t, w)
+				require.EqualValues(t, 1, w.Stats().Dropped)
+			})
+		}
 	}
 }
 
@@ -152,10 +203,11 @@ func TestStopLetsBlockedDispatchRunTheRest(t *testing.T) {
 	clk := sw.NewManualClock(epoch)
 	w, err := sw.New(sw.WithClock(clk), sw.WithWorkers(1), sw.WithQueueSize(1), sw.WithShards(1))
 	require.NoError(t, err)
-	gate := make(chan struct{})
+	gate, firstStarted := make(chan struct{}), make(chan struct{})
 	firstStopped, secondStopped := make(chan struct{}), make(chan struct{})
 	var filler atomic.Bool
 	_, err = w.AfterFunc(time.Millisecond, func() { // on the worker
+		close(firstStarted)
 		<-gate
 		w.Stop()
 		close(firstStopped)
@@ -163,6 +215,8 @@ func TestStopLetsBlockedDispatchRunTheRest(t *testing.T) {
 	})
 	require.NoError(t, err)
 	clk.Advance(time.Millisecond) // dispatched: the worker runs it, and it waits for gate
+	// Once it has started, its task has left the queue: the queue's one slot is the filler's.
+	within(t, firstStarted, "the first callback did not start")
 	_, err = w.AfterFunc(time.Millisecond, func() { filler.Store(true) })
 	require.NoError(t, err)
 	_, err = w.AfterFunc(2*time.Millisecond, func() {
@@ -185,19 +239,27 @@ func TestStopLetsBlockedDispatchRunTheRest(t *testing.T) {
 }
 
 // TestStopStormFromCallbacks: many callbacks call Stop at once, on every clock, while timers are
-// still being armed. Exactly one Stop counts what was pending, the others return 0; every timer
-// ends once (ran, or counted by that Stop); and after a Stop from outside no goroutine of the
-// wheel is left.
+// still being armed, and a Stop from outside comes once the first callback has started. Exactly
+// one Stop counts what was pending, the others return 0; every timer ends once (ran, or counted by
+// that Stop); the outside Stop returns only when no callback is running, none starts after it,
+// and no goroutine of the wheel is left.
 func TestStopStormFromCallbacks(t *testing.T) {
 	for _, c := range stopClocks {
 		t.Run(c.name, func(t *testing.T) {
 			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 			w, advance := stopWheel(t, c.manual, c.workers, sw.WithShards(4))
-			var total, calls, ran atomic.Int64
+			var total, calls, ran, inFlight, late atomic.Int64
+			var outsideReturned atomic.Bool
 			f := func() {
+				inFlight.Add(1)
+				defer inFlight.Add(-1)
+				if outsideReturned.Load() {
+					late.Add(1)
+				}
 				ran.Add(1)
 				total.Add(int64(w.Stop()))
 				calls.Add(1)
+				time.Sleep(100 * time.Microsecond) // the rest of the callback, after its Stop
 			}
 			armed := 0
 			for i := range 400 {
@@ -219,10 +281,15 @@ func TestStopStormFromCallbacks(t *testing.T) {
 					}
 				}
 			}()
-			<-advance(5 * time.Millisecond)
+			advanced := advance(5 * time.Millisecond)
+			require.Eventually(t, func() bool { return ran.Load() > 0 }, 5*time.Second, 100*time.Microsecond)
+			total.Add(int64(w.Stop())) // from outside, racing the callbacks and their Stops
+			outsideReturned.Store(true)
+			require.Zero(t, inFlight.Load(), "the outside Stop returned while a callback ran")
+			<-advanced
 			arming.Wait()
-			total.Add(int64(w.Stop()))
 			st := w.Stats()
+			require.Zero(t, late.Load(), "a callback started after the outside Stop returned")
 			require.Equal(t, ran.Load(), calls.Load(), "every Stop from a callback returned")
 			require.Equal(t, uint64(ran.Load()), st.Fired)
 			require.Equal(t, uint64(total.Load()), st.Dropped, "the Stops' counts sum to what was dropped")
@@ -237,6 +304,7 @@ func TestStopStormFromCallbacks(t *testing.T) {
 // TestStopCountsExactlyWhatIsPending: Stop, from inside a callback or from outside, returns the
 // timers that were pending: not those already taken from the wheel to run (they still run), and
 // the next run of an Every whose run is in progress (that run finishes; the next never starts).
+// That next run is counted once: the run in progress then calls Stop itself, which returns 0.
 func TestStopCountsExactlyWhatIsPending(t *testing.T) {
 	for _, fromCallback := range []bool{false, true} {
 		for _, c := range stopClocks {
@@ -257,6 +325,7 @@ func TestStopCountsExactlyWhatIsPending(t *testing.T) {
 				// An Every whose first run blocks until the wheel has stopped (Len drops to 0
 				// once Stop has dropped what was pending).
 				running := make(chan struct{})
+				everyStop := make(chan int, 1)
 				var runs atomic.Int32
 				_, err := w.Every(time.Millisecond, func() {
 					if runs.Add(1) == 1 {
@@ -264,6 +333,7 @@ func TestStopCountsExactlyWhatIsPending(t *testing.T) {
 						for w.Len() != 0 {
 							time.Sleep(time.Millisecond)
 						}
+						everyStop <- w.Stop()
 					}
 				})
 				require.NoError(t, err)
@@ -285,6 +355,7 @@ func TestStopCountsExactlyWhatIsPending(t *testing.T) {
 					<-advanced
 				}
 				require.Equal(t, 51, n, "the hour-long timers and the next run of the Every in progress")
+				require.Zero(t, <-everyStop, "the Every's own Stop came later: its next run was counted once")
 				require.EqualValues(t, 1, runs.Load(), "the run in progress finished, and no other started")
 				st := w.Stats()
 				require.EqualValues(t, 51, st.Dropped)
@@ -294,8 +365,9 @@ func TestStopCountsExactlyWhatIsPending(t *testing.T) {
 	}
 }
 
-// TestStopFromEveryCountsItsNextRun: an Every's f that stops the wheel ends its own series; its
-// next run is counted in what Stop returns, on every clock.
+// TestStopFromEveryCountsItsNextRun: an Every's f that stops the wheel ends its own series. During
+// the run its next run is pending (Len counts it), and Stop counts it in what it returns, which is
+// Stats.Dropped, on every clock.
 func TestStopFromEveryCountsItsNextRun(t *testing.T) {
 	for _, c := range stopClocks {
 		t.Run(c.name, func(t *testing.T) {
@@ -303,24 +375,29 @@ func TestStopFromEveryCountsItsNextRun(t *testing.T) {
 			w, advance := stopWheel(t, c.manual, c.workers)
 			_, err := w.AfterFunc(time.Hour, func() {})
 			require.NoError(t, err)
-			got := make(chan int, 1)
+			type result struct{ pending, n int }
+			got := make(chan result, 1)
 			var runs atomic.Int32
 			_, err = w.Every(time.Millisecond, func() {
 				if runs.Add(1) == 1 {
-					got <- w.Stop()
+					pending := w.Len()
+					got <- result{pending, w.Stop()}
 				}
 			})
 			require.NoError(t, err)
 			<-advance(3 * time.Millisecond)
+			var r result
 			select {
-			case n := <-got:
-				require.Equal(t, 2, n, "the hour-long timer and the Every's own next run")
+			case r = <-got:
 			case <-time.After(5 * time.Second):
 				t.Fatal("the Every never ran")
 			}
+			require.Equal(t, 2, r.pending, "during the run: the hour-long timer and the Every's next run")
+			require.Equal(t, 2, r.n, "the hour-long timer and the Every's own next run")
 			w.Stop()
 			require.EqualValues(t, 1, runs.Load())
 			st := w.Stats()
+			require.EqualValues(t, r.n, st.Dropped, "stats %+v", st)
 			require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped, "stats %+v", st)
 		})
 	}
@@ -347,7 +424,9 @@ func TestStopEveryRunStartedAfterStop(t *testing.T) {
 
 // TestStopQueuedCountsWhatWaitsBehindABlockedCallback: Stats.Queued counts every callback that is
 // due and taken from the wheel but not started, also those waiting behind a running callback on
-// the goroutine that holds them, on a worker of the system clock and on a manual advancer.
+// the goroutine that holds them, on a worker of the system clock and on a manual advancer. (On the
+// system clock the 20 are made due while the only worker runs another callback, so that it takes
+// them in one batch: armed a few microseconds apart, they may otherwise straddle its wake-up.)
 func TestStopQueuedCountsWhatWaitsBehindABlockedCallback(t *testing.T) {
 	for _, c := range []struct {
 		name    string
@@ -356,6 +435,12 @@ func TestStopQueuedCountsWhatWaitsBehindABlockedCallback(t *testing.T) {
 	}{{"system-one-worker", false, 1}, {"manual-advancer", true, 0}} {
 		t.Run(c.name, func(t *testing.T) {
 			w, advance := stopWheel(t, c.manual, c.workers, sw.WithShards(1))
+			var holdGate chan struct{}
+			if !c.manual {
+				var holding chan struct{}
+				holding, holdGate = armStuck(t, w, 0, nil)
+				within(t, holding, "the holding callback did not start")
+			}
 			gate := make(chan struct{})
 			var ran atomic.Int32
 			for range 20 {
@@ -365,6 +450,10 @@ func TestStopQueuedCountsWhatWaitsBehindABlockedCallback(t *testing.T) {
 					}
 				})
 				require.NoError(t, err)
+			}
+			if holdGate != nil {
+				time.Sleep(2 * time.Millisecond) // all 20 are due
+				close(holdGate)
 			}
 			advanced := advance(5 * time.Millisecond)
 			require.Eventually(t, func() bool { return w.Stats().Queued == 19 }, 5*time.Second, time.Millisecond,
@@ -381,12 +470,15 @@ func TestStopQueuedCountsWhatWaitsBehindABlockedCallback(t *testing.T) {
 	}
 }
 
+// TestUseAfterStop: Stop returns how many timers were pending (a later call returns 0). After
+// it, AfterFunc, AfterFuncArg and Every return ErrClosed, as does a Keyed's Set, each counted in
+// Stats.Rejected; Len is 0; the handles of the dropped timers report false; and nothing fires.
 func TestUseAfterStop(t *testing.T) {
 	w, clk := manualWheel(t)
 	var fired atomic.Int32
 	tm, err := w.AfterFunc(time.Second, func() { fired.Add(1) })
 	require.NoError(t, err)
-	_, err = w.Every(time.Second, func() { fired.Add(1) })
+	ev, err := w.Every(time.Second, func() { fired.Add(1) })
 	require.NoError(t, err)
 	require.Equal(t, 2, w.Len())
 	require.Equal(t, 2, w.Stop())
@@ -394,40 +486,28 @@ func TestUseAfterStop(t *testing.T) {
 	require.Zero(t, w.Len())
 	_, err = w.AfterFunc(time.Second, func() {})
 	require.ErrorIs(t, err, sw.ErrClosed)
-	_, err = w.AfterFuncArg(time.Second, func(any) {}, nil)
+	_, err = w.AfterFuncArg(math.MaxInt64, func(any) {}, nil)
 	require.ErrorIs(t, err, sw.ErrClosed)
 	_, err = w.Every(time.Second, func() {})
 	require.ErrorIs(t, err, sw.ErrClosed)
+	k := sw.NewKeyed(w, func(int, int) { fired.Add(1) })
+	require.ErrorIs(t, k.Set(1, 1, time.Second), sw.ErrClosed)
+	require.Zero(t, k.Len())
 	require.False(t, tm.Stop(), "a timer counted by Wheel.Stop cannot also be stopped")
 	require.False(t, tm.Reset(time.Second))
+	require.False(t, ev.Stop(), "nor can an Every whose next run Wheel.Stop counted")
 	clk.Advance(time.Hour)
 	require.Zero(t, fired.Load(), "pending timers never fire after Stop")
+	require.Zero(t, w.Len())
 	s := w.Stats()
 	require.Equal(t, uint64(2), s.Dropped)
-	require.Equal(t, uint64(3), s.Rejected)
+	require.Equal(t, uint64(4), s.Rejected)
 	requireBalance(t, w)
 }
 
-func TestConcurrentStop(t *testing.T) {
-	w, err := sw.New()
-	require.NoError(t, err)
-	for i := 0; i < 1000; i++ {
-		_, err := w.AfterFunc(time.Hour, func() {})
-		require.NoError(t, err)
-	}
-	var total atomic.Int64
-	var wg sync.WaitGroup
-	for i := 0; i < 8; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			total.Add(int64(w.Stop()))
-		}()
-	}
-	wg.Wait()
-	require.EqualValues(t, 1000, total.Load(), "exactly one Stop reports the pending timers")
-}
-
+// TestStopFromCallback: Stop called from a callback, on one worker or several, returns at once,
+// with the count of what was pending, although the callback that called it is still running; a
+// later Stop from outside returns 0.
 func TestStopFromCallback(t *testing.T) {
 	for _, workers := range []int{1, 3} {
 		w, err := sw.New(sw.WithWorkers(workers))
@@ -584,7 +664,7 @@ func TestFaultStopInsideCallback(t *testing.T) {
 			assert.Equal(t, 0, r.again, "a second Stop returns 0")
 			assert.ErrorIs(t, r.errClosed, sw.ErrClosed)
 			assert.GreaterOrEqual(t, r.n, far, "the hour-long timers are pending at Stop")
-			// The rest of the stopper's batch (and, with one worker, chunks queued behind it) may
+			// The rest of the stopper's batch (and, with one worker, tasks queued behind it) may
 			// still run after its callback returns; wait for them, then account for everyone.
 			fltWaitQuiet(t, w, func() bool { ran, _ := book.totals(n); return ran+r.n == scheduled })
 			require.Equal(t, 0, w.Stop())
@@ -646,64 +726,83 @@ func TestFaultStopInsideCallerRunsCallback(t *testing.T) {
 	fltBalance(t, w, n, n, 0, 0)
 }
 
-// TestStopFromCallbackWhileStopping (found by review): API.md says Stop is safe from several goroutines and,
-// from inside a callback, does not deadlock. Here another goroutine's Stop is under way (it waits
-// for the workers to exit) when a running callback calls Stop too: the callback's Stop waits in
-// the first Stop, which waits for the callback's worker: a later Stop on a worker returns at once.
+// TestStopFromCallbackWhileStopping: a Stop from outside is under way (it has dropped what was
+// pending and waits for the callbacks) when a callback calls Stop too. That Stop returns at once,
+// with 0, while a callback on the other worker still runs; the outside Stop returns the count only
+// once both callbacks have returned.
 func TestStopFromCallbackWhileStopping(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w, err := sw.New(sw.WithWorkers(2), sw.WithShards(1))
 	require.NoError(t, err)
-	started := make(chan struct{})
-	_, err = w.AfterFunc(0, func() {
-		close(started)
-		time.Sleep(50 * time.Millisecond) // the other Stop is waiting for this worker by now
-		w.Stop()
+	_, err = w.AfterFunc(time.Hour, func() {})
+	require.NoError(t, err)
+	var aDone, bDone atomic.Bool
+	aIn, aRelease := make(chan struct{}), make(chan struct{})
+	_, err = w.AfterFunc(0, func() { // A
+		close(aIn)
+		<-aRelease
+		aDone.Store(true)
 	})
 	require.NoError(t, err)
-	<-started
-	done := make(chan struct{})
-	go func() { w.Stop(); close(done) }()
-	within(t, done, "deadlock: Stop waits for the worker, whose callback waits for the first for that Stop")
-}
-
-// TestStopFromTwoCallbacks (found by review): two callbacks on two workers call Stop at about
-// the same time; neither waits for the other's worker.
-func TestStopFromTwoCallbacks(t *testing.T) {
-	w, err := sw.New(sw.WithWorkers(2), sw.WithShards(2))
+	within(t, aIn, "A never started")
+	type result struct {
+		n            int
+		aDone, bDone bool
+	}
+	bIn, bGo := make(chan struct{}), make(chan struct{})
+	bOut := make(chan result, 1)
+	// B is armed once A runs: A's worker let go of the keeper role and of the shard's ownership,
+	// so the other worker runs B.
+	_, err = w.AfterFunc(0, func() {
+		close(bIn)
+		<-bGo
+		n := w.Stop()
+		bOut <- result{n: n, aDone: aDone.Load()}
+		bDone.Store(true)
+	})
 	require.NoError(t, err)
-	gate := make(chan struct{})
-	in := make(chan struct{}, 2)
-	out := make(chan struct{}, 2)
-	for i := 0; i < 2; i++ {
-		// The second is armed once the first runs: its worker let go of the keeper role and
-		// of the shard's claim, so the other worker runs the second.
-		_, err = w.AfterFunc(0, func() {
-			in <- struct{}{}
-			<-gate // both callbacks are running, one on each worker
-			w.Stop()
-			out <- struct{}{}
-		})
-		require.NoError(t, err)
-		<-in
+	within(t, bIn, "B never started on the other worker")
+	first := make(chan result, 1)
+	go func() { n := w.Stop(); first <- result{n, aDone.Load(), bDone.Load()} }()
+	require.Eventually(t, func() bool { return w.Len() == 0 }, 5*time.Second, time.Millisecond,
+		"the outside Stop did not drop the hour-long timer")
+	close(bGo)
+	select {
+	case r := <-bOut:
+		require.Zero(t, r.n, "a later Stop returns 0")
+		require.False(t, r.aDone, "B's Stop waited for callback A")
+	case <-time.After(5 * time.Second):
+		t.Fatal("deadlock: B's Stop waited while a Stop from outside waited for B")
 	}
-	close(gate)
-	for i := 0; i < 2; i++ {
-		within(t, out, "deadlock: the first Stop waits for the other worker, whose Stop waits for the first")
+	select {
+	case <-first:
+		t.Fatal("the outside Stop returned while callback A still ran")
+	default:
 	}
+	close(aRelease)
+	select {
+	case r := <-first:
+		require.Equal(t, 1, r.n, "the outside Stop counts the hour-long timer")
+		require.True(t, r.aDone && r.bDone, "the outside Stop returned before a callback")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the outside Stop never returned")
+	}
+	requireBalance(t, w)
 }
 
-// TestManualClockStopFromCallbackDeadlock (found by review): API.md says Stop called from inside a callback
-// waits for every other callback but not for its own, "no deadlock". With a manual clock, one
-// worker and the Block policy, the Advance caller holds advMu while it dispatches; the worker's
-// callback calls Stop, which waits for advMu; the Advance caller waits for room in the queue,
-// which only that worker would make.
-func TestManualClockStopFromCallbackDeadlock(t *testing.T) {
+// TestStopFromWorkerUnblocksAdvanceOnFullQueue: with a manual clock, one worker, a queue of one
+// task and the Block policy, an Advance that dispatches a batch waits for room in the queue, which
+// only the worker makes. The worker's callback calls Stop, which returns at once; the Advance then
+// stops waiting and runs the rest of the batch itself, so it returns; and every callback of the
+// batch, taken from the wheel before Stop, runs once.
+func TestStopFromWorkerUnblocksAdvanceOnFullQueue(t *testing.T) {
 	w, clk := blockingManualWheel(t)
-	first := true
+	var first atomic.Bool
+	var ran atomic.Int32
 	for i := 0; i < 4; i++ {
 		_, err := w.AfterFunc(time.Millisecond, func() {
-			if first { // only the one worker runs callbacks
-				first = false
+			ran.Add(1)
+			if first.CompareAndSwap(false, true) { // on the one worker: the Advance waits for room
 				w.Stop()
 			}
 		})
@@ -711,7 +810,10 @@ func TestManualClockStopFromCallbackDeadlock(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() { clk.Advance(time.Millisecond); close(done) }()
-	within(t, done, "deadlock: Advance blocks on the full queue, the only worker blocks in Stop on advMu")
+	within(t, done, "deadlock: Advance blocks on the full queue, the only worker blocks in Stop")
+	require.Zero(t, w.Stop())
+	require.EqualValues(t, 4, ran.Load(), "a callback taken from the wheel before Stop did not run")
+	requireBalance(t, w)
 }
 
 // TestStopCountWithEveryAfterIt: one callback stops the wheel; an Every's first run fired in the
@@ -750,22 +852,26 @@ func TestStopCountWithEveryAfterIt(t *testing.T) {
 	}
 }
 
-// TestStopCountEveryAtEndOfTime: a series that ends at the end of a manual clock's time was not
-// pending at any Stop: Dropped stays 0, the books balance, and Stop returns 0.
+// TestStopCountEveryAtEndOfTime: a series whose run comes at the end of a manual clock's time ends
+// there (the clock cannot move again): its next run is taken back, not pending. So Len is 0, the
+// handle's Stop reports false, Dropped stays 0, the books balance, and a later Stop returns 0:
+// nothing was pending.
 func TestStopCountEveryAtEndOfTime(t *testing.T) {
 	clock := sw.NewManualClock(time.Unix(0, 0))
 	w, err := sw.New(sw.WithClock(clock), sw.WithWorkers(0))
 	require.NoError(t, err)
 	runs := 0
-	_, err = w.Every(time.Hour, func() { runs++ })
+	ev, err := w.Every(time.Hour, func() { runs++ })
 	require.NoError(t, err)
 	clock.Advance(math.MaxInt64)
 	require.Equal(t, 1, runs)
+	require.Zero(t, w.Len(), "the series ended at the end of time")
+	require.False(t, ev.Stop())
 	st := w.Stats()
 	require.Zero(t, st.Pending)
 	require.Zero(t, st.Dropped)
 	require.Equal(t, st.Scheduled, st.Fired+st.Stopped, "%+v", st)
-	require.Zero(t, w.Stop())
+	require.Zero(t, w.Stop(), "nothing was pending at Wheel.Stop")
 }
 
 // TestStopFromCallbackThenStopFiredTimer: a callback stops the wheel and then stops a timer that
