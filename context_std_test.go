@@ -1,3 +1,21 @@
+// Copyright 2014 The Go Authors. All rights reserved.
+// Use of this source code is governed by a BSD-style
+// license that can be found in the LICENSE file.
+
+// This file ports the tests of Go's package context (src/context: context_test.go, x_test.go,
+// afterfunc_test.go, net_test.go, example_test.go, go1.26) that involve a timer context, with the
+// wheel's WithTimeout, WithDeadline, WithTimeoutCause and WithDeadlineCause in the place of the
+// standard library's. Every assertion is kept; where the original reads unexported internals
+// (a cancelCtx's children map, the goroutines counter, parentCancelCtx), the port asserts the
+// observable consequence (a canceled child is no longer reachable from its parent; a goroutine
+// of package context is or is not running; the subtree ends synchronously). Tests marked
+// "wheel path" are added: the originals mostly root their trees in context.WithCancel, under which
+// the wheel hands out the standard library's own context (see withDeadline), so the same
+// scenarios are repeated with trees the wheel's timers serve, and check that they do (Len).
+
+//lint:file-ignore SA1029 ported from Go's src/context tests, which use string keys on purpose; kept as written
+//lint:file-ignore SA1019 Go's net_test asserts that DeadlineExceeded reports Temporary(), as the standard library's does
+
 package shardwheel_test
 
 import (

@@ -244,7 +244,7 @@ func TestEveryEndOfTimeGivesBackMaxPendingCredit(t *testing.T) {
 	clk.Advance(math.MaxInt64) // the end of time: one run, and the series ends
 	require.Equal(t, 1, runs)
 	require.Zero(t, w.Len(), "the series ended at the end of time: nothing pending")
-	r31Balance(t, w)
+	requireQuietBooks(t, w)
 
 	fired := 0
 	_, err = w.AfterFunc(0, func() { fired++ })
@@ -321,7 +321,7 @@ func TestEveryBigJumpStaysOnGrid(t *testing.T) {
 	require.False(t, tm.Stop())
 	clk.Advance(10 * iv)
 	require.Len(t, at, 3)
-	st := balance33(t, w)
+	st := requireBooks(t, w)
 	require.EqualValues(t, 3, st.Fired)
 	require.EqualValues(t, 1, st.Stopped)
 }
@@ -339,7 +339,7 @@ func TestEveryMaxIntervalAccepted(t *testing.T) {
 	require.True(t, tm.Stop())
 	clk.Advance(math.MaxInt64)
 	require.Zero(t, runs)
-	balance33(t, w)
+	requireBooks(t, w)
 }
 
 // TestEverySlowRunsInBubble: on the system clock, in a synctest bubble, an Every of 10ms whose run

@@ -183,8 +183,8 @@ func (w *Wheel) Verify() error {
 // SlabCapacity returns how many entries the shards' slabs hold, free or in use.
 func (w *Wheel) SlabCapacity() int { return int(w.heldBytes() / blockBytes * blockLen) }
 
-// ChunkBytes is what one chunk of entries holds.
-const ChunkBytes = blockBytes
+// BlockBytes is what one slab block of entries holds.
+const BlockBytes = blockBytes
 
 // SetTrimDelays sets trimQuiet and trimLook and returns the func that restores them. Tests that
 // call it must not run in parallel, and must start their wheels after it.
@@ -218,7 +218,7 @@ func (w *Wheel) TrimNow() int64 {
 // Slot returns the timer's slab index and generation.
 func (t Timer) Slot() (uint32, uint64) { return t.i, t.gen }
 
-// SetSlabCap lowers how many entries a shard's slab may grow to (a multiple of SlabChunkLen) and
+// SetSlabCap lowers how many entries a shard's slab may grow to (a multiple of BlockLen) and
 // returns the func that restores it. Tests that call it must not run in parallel.
 func SetSlabCap(n uint64) (restore func()) {
 	old := slabCap
@@ -226,7 +226,7 @@ func SetSlabCap(n uint64) (restore func()) {
 	return func() { slabCap = old }
 }
 
-const SlabChunkLen = blockLen
+const BlockLen = blockLen
 
 // Held is a command that a producer has claimed in its shard's ring and not yet published: the
 // producer is paused between the two steps (preemption, a GC scan, a CPU quota can do that).

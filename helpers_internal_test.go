@@ -63,7 +63,7 @@ func resetAheadOfAdd(t *testing.T) (*Wheel, *ManualClock, Timer, *atomic.Int32) 
 	s.drainLocked() // the two cancels: two slots free, and the worker waits for mu
 	require.True(t, ev.Reset(3*time.Millisecond), "due at 13 ms")
 	require.LessOrEqual(t, s.next.Load(), int64(13*time.Millisecond))
-	s.advanceLocked(w.nanos(), 0) // as Wheel.advance does for the shard (nothing is due at 10 ms)
+	s.advanceLocked(w.nanos(), 0) // as a manual round does for the shard (nothing is due at 10 ms)
 	return w, clk, ev, runs
 }
 
@@ -77,12 +77,10 @@ func waitAddSent(t *testing.T, s *shard) {
 	}
 }
 
-// holdReset is Timer.Reset(d) paused right after its claim (pending -> resetting), as
-// preemption or a GC assist can pause it: it has read the clock (the new deadline) and holds
-// the entry. finish is the rest of Reset: the store of the deadline, the release with a new
+// holdReset is Timer.Reset(d) paused right after its hold (pending -> resetting), as preemption
+// or a GC assist can pause it: it has read the clock (the new deadline) and holds the entry.
+// finish is the rest of Reset (finishReset): the store of the deadline, the release with a new
 // version, and the command if the deadline is earlier.
-// holdReset starts a Reset of tm to d from now and pauses it between its claim and its release,
-// Reset's own two steps: finish runs the release. Meanwhile the entry is held (resetting).
 func holdReset(t *testing.T, tm Timer, d time.Duration) (finish func()) {
 	t.Helper()
 	e := tm.s.slab.at(tm.i)
@@ -148,7 +146,7 @@ func waitKeyed(t *testing.T, ch <-chan struct{}, why string) {
 // pending|queued) and its add: a one-slot ring whose only slot is held by a paused Stop of
 // another timer, so the worker's send finds the ring full and waits for that publish. It
 // returns the Every's timer, its run counter, the held slot and the manual clock.
-func everyStuckInSend(t *testing.T) (*Wheel, *ManualClock, Timer, *atomic.Int32, *Held2) {
+func everyStuckInSend(t *testing.T) (*Wheel, *ManualClock, Timer, *atomic.Int32, *heldSlots) {
 	t.Helper()
 	clk := NewManualClock(time.Unix(0, 0))
 	w, err := New(WithClock(clk), WithWorkers(1), WithShards(1), WithRingSize(2), WithTick(time.Millisecond))
@@ -157,7 +155,7 @@ func everyStuckInSend(t *testing.T) (*Wheel, *ManualClock, Timer, *atomic.Int32,
 	ran := make(chan struct{}, 16)
 	ev, err := w.Every(10*time.Millisecond, func() { runs.Add(1); ran <- struct{}{} })
 	require.NoError(t, err)
-	held := &Held2{}
+	held := &heldSlots{}
 	var others [2]Timer
 	for k := range others {
 		others[k], err = w.AfterFunc(time.Hour, func() {})
@@ -189,10 +187,10 @@ func everyStuckInSend(t *testing.T) (*Wheel, *ManualClock, Timer, *atomic.Int32,
 	return w, clk, ev, &runs, held
 }
 
-// Held2 is the ring's two slots, held by paused Stops.
-type Held2 [2]*Held
+// heldSlots is the ring's two slots, held by paused Stops.
+type heldSlots [2]*Held
 
-func (h *Held2) Publish() {
+func (h *heldSlots) Publish() {
 	for _, x := range h {
 		x.Publish()
 	}
@@ -326,19 +324,9 @@ func inCasc(tm Timer) bool {
 	return ok && lv == cascLv
 }
 
-// wait26 fails the test unless ch delivers within 5 s.
-func wait26(t *testing.T, ch <-chan struct{}, why string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(5 * time.Second):
-		t.Fatal(why)
-	}
-}
-
-// review28Balance asserts the quiet balance of a stopped wheel and that what Stop returned in
-// total is Dropped.
-func review28Balance(t *testing.T, w *Wheel, stopReturned int) {
+// requireStoppedBooks checks the books of a quiet, stopped wheel, and that what its Stops returned
+// in total is Dropped.
+func requireStoppedBooks(t *testing.T, w *Wheel, stopReturned int) {
 	t.Helper()
 	st := w.Stats()
 	require.Equal(t, uint64(stopReturned), st.Dropped, "Dropped is the sum of what Stop returned")
@@ -347,8 +335,8 @@ func review28Balance(t *testing.T, w *Wheel, stopReturned int) {
 	require.Equal(t, st.Fired, st.Lateness.Count())
 }
 
-// r31Wait waits for cond, failing after a while.
-func r31Wait(t *testing.T, what string, cond func() bool) {
+// waitUntil waits for cond, failing the test with what after 10 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for start := time.Now(); !cond(); time.Sleep(100 * time.Microsecond) {
 		if time.Since(start) > 10*time.Second {
@@ -357,8 +345,18 @@ func r31Wait(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// r31Balance checks the books of a quiet wheel (API.md, Introspection).
-func r31Balance(t *testing.T, w *Wheel) Stats {
+// requireBooks checks Scheduled == Fired + Stopped + Dropped + Pending and Lateness.Count() ==
+// Fired on a quiet wheel, and returns the Stats it read.
+func requireBooks(t *testing.T, w *Wheel) Stats {
+	t.Helper()
+	st := w.Stats()
+	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending), "%+v", st)
+	require.Equal(t, st.Fired, st.Lateness.Count(), "%+v", st)
+	return st
+}
+
+// requireQuietBooks checks the books of a quiet wheel (API.md, Introspection), Queued 0 included.
+func requireQuietBooks(t *testing.T, w *Wheel) Stats {
 	t.Helper()
 	st := w.Stats()
 	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending), "%+v", st)
@@ -367,23 +365,13 @@ func r31Balance(t *testing.T, w *Wheel) Stats {
 	return st
 }
 
-// r31Credits sums WithMaxPending's free credits: the reserve and every shard's stock.
-func r31Credits(w *Wheel) int64 {
+// freeCredits sums WithMaxPending's free credits: the reserve and every shard's stock.
+func freeCredits(w *Wheel) int64 {
 	n := w.credit.Load()
 	for _, s := range w.shards {
 		n += s.credit.Load()
 	}
 	return n
-}
-
-// r32Payload is what a callback keeps alive: large, so that a leak is plain.
-type r32Payload [64 << 10]byte
-
-// r32Gone collects garbage twice and reports whether p's object was collected.
-func r32Gone(p weak.Pointer[r32Payload]) bool {
-	runtime.GC()
-	runtime.GC()
-	return p.Value() == nil
 }
 
 // newManualWheel returns a wheel on a fresh manual clock at the Unix epoch, stopped at the end of the
@@ -395,16 +383,6 @@ func newManualWheel(t *testing.T, opts ...Option) (*Wheel, *ManualClock) {
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Stop() })
 	return w, clk
-}
-
-// balance33 requires Scheduled == Fired + Stopped + Dropped + Pending and Lateness.Count() ==
-// Fired on a quiet wheel.
-func balance33(t *testing.T, w *Wheel) Stats {
-	t.Helper()
-	st := w.Stats()
-	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending), "%+v", st)
-	require.Equal(t, st.Fired, st.Lateness.Count(), "%+v", st)
-	return st
 }
 
 // commands returns how many commands were ever pushed to s's ring.
@@ -525,5 +503,16 @@ func waitBlockedInSend(t *testing.T) {
 		}
 		require.True(t, time.Now().Before(deadline), "the worker never blocked on mu in send")
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// requireWithin fails the test with why unless ch delivers within 5 s: a deadlock shows as a
+// failure, not as a test binary that hangs until its timeout.
+func requireWithin(t *testing.T, ch <-chan struct{}, why string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal(why)
 	}
 }

@@ -372,7 +372,7 @@ func TestManualAdvanceOrderAcrossShardsWithResets(t *testing.T) {
 			}
 		}
 		require.Len(t, fired, len(want))
-		r31Balance(t, w)
+		requireQuietBooks(t, w)
 	}
 }
 
@@ -509,7 +509,7 @@ func TestManualConcurrentAdvancesRunEachTimerOnce(t *testing.T) {
 				// returned: due now, it waits for the next Advance.
 				require.Eventually(t, func() bool { clk.Advance(0); return isClosed(done) }, 5*time.Second, time.Millisecond)
 			}
-			wait26(t, done, "not every timer ran")
+			requireWithin(t, done, "not every timer ran")
 			mu.Lock()
 			defer mu.Unlock()
 			require.Empty(t, bad)
@@ -517,7 +517,7 @@ func TestManualConcurrentAdvancesRunEachTimerOnce(t *testing.T) {
 				require.Equal(t, 1, c, "timer %d", i)
 			}
 			require.Eventually(t, func() bool { return w.Len() == 0 }, 5*time.Second, time.Millisecond)
-			balance33(t, w)
+			requireBooks(t, w)
 		})
 	}
 }

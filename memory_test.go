@@ -339,7 +339,7 @@ func TestBurstGivesBlocksBack(t *testing.T) {
 		i, gen := h.Slot()
 		staleGen[slot{h.ShardID(), i}] = gen
 	}
-	fresh := make([]sw.Timer, 4*sw.SlabChunkLen)
+	fresh := make([]sw.Timer, 4*sw.BlockLen)
 	reused := 0
 	for i := range fresh {
 		var err error
@@ -370,7 +370,7 @@ func TestTrimOnSystemClock(t *testing.T) {
 	w, err := sw.New(sw.WithShards(2))
 	require.NoError(t, err)
 	defer w.Stop()
-	hs := make([]sw.Timer, 10*sw.SlabChunkLen)
+	hs := make([]sw.Timer, 10*sw.BlockLen)
 	for i := range hs {
 		hs[i], err = w.AfterFuncArg(time.Hour, func(any) {}, nil)
 		require.NoError(t, err)
@@ -389,7 +389,7 @@ func TestTrimOnSystemClock(t *testing.T) {
 	// And it grows again when needed.
 	tm, err := w.AfterFuncArg(time.Hour, func(any) {}, nil)
 	require.NoError(t, err)
-	require.Equal(t, sw.ChunkBytes, w.Stats().HeldBytes)
+	require.Equal(t, sw.BlockBytes, w.Stats().HeldBytes)
 	require.True(t, tm.Stop())
 }
 

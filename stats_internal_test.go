@@ -44,7 +44,7 @@ func TestStatsLatenessAgainstTickRoundedDeadline(t *testing.T) {
 	require.Equal(t, uint64(2), h.Count())
 	require.Equal(t, BucketBound(20), h.Quantile(1))
 	require.Equal(t, time.Microsecond, h.Quantile(0.5))
-	r31Balance(t, w)
+	requireQuietBooks(t, w)
 }
 
 // TestStatsLatenessReadAsEachCallbackStarts: Lateness counts how late each callback started, so a
@@ -72,7 +72,7 @@ func TestStatsLatenessReadAsEachCallbackStarts(t *testing.T) {
 	require.Equal(t, []time.Duration{time.Millisecond, 101 * time.Millisecond}, startedAt)
 	require.Equal(t, int64(101*time.Millisecond), wheelAt[1], "the second started 100ms late on the wheel's time too")
 
-	st := r31Balance(t, w)
+	st := requireQuietBooks(t, w)
 	require.Equal(t, uint64(2), st.Fired)
 	require.Equal(t, uint64(1), st.Lateness.Buckets[bucketOf(100*time.Millisecond)],
 		"the second callback started 100ms after its deadline; Lateness: %v", st.Lateness.Buckets)
@@ -114,7 +114,7 @@ func TestStatsLatenessReadAsEachCallbackStartsSystemClock(t *testing.T) {
 		require.NoError(t, err)
 	}
 	close(release)
-	r31Wait(t, "both callbacks ran", func() bool { return ran.Load() == 2 })
+	waitUntil(t, "both callbacks ran", func() bool { return ran.Load() == 2 })
 	mu.Lock()
 	late := starts[1].Sub(deadlines[1])
 	mu.Unlock()
@@ -153,12 +153,12 @@ func TestStatsQueuedCountsCallbacksBehindRunningOne(t *testing.T) {
 		require.NoError(t, err)
 	}
 	clk.Advance(time.Millisecond)
-	wait26(t, started, "the first callback never started")
+	requireWithin(t, started, "the first callback never started")
 	st, ranBefore := w.Stats(), ran.Load()
 	close(release) // before any assertion: a failed one must not leave the worker blocked
-	r31Wait(t, "all four ran", func() bool { return ran.Load() == n })
-	r31Wait(t, "the books settle", func() bool { return w.Stats().Fired == n })
-	r31Balance(t, w)
+	waitUntil(t, "all four ran", func() bool { return ran.Load() == n })
+	waitUntil(t, "the books settle", func() bool { return w.Stats().Fired == n })
+	requireQuietBooks(t, w)
 	require.Zero(t, ranBefore, "no callback had finished while the first blocked")
 	require.Equal(t, uint64(1), st.Fired)
 	require.Equal(t, n-1, st.Pending, "three callbacks have not started: %+v", st)
@@ -193,7 +193,7 @@ func TestStatsQueuedCallbackCanBeStopped(t *testing.T) {
 	require.Zero(t, after.Pending, "nor is it pending: %+v", after)
 	require.Zero(t, w.Stop())
 	require.Zero(t, ran.Load())
-	st := r31Balance(t, w)
+	st := requireQuietBooks(t, w)
 	require.Equal(t, uint64(1), st.Stopped)
 	require.Equal(t, 0, st.Queued)
 }
@@ -207,7 +207,7 @@ func TestStatsWorkersCountsGoroutineOfWorkers0(t *testing.T) {
 	require.NoError(t, err)
 	defer w.Stop()
 	require.Len(t, w.pool.done, 1, "one worker goroutine on the system clock")
-	r31Wait(t, "the wheel's one goroutine runs", func() bool { return WorkerGoroutines(w) == 1 })
+	waitUntil(t, "the wheel's one goroutine runs", func() bool { return WorkerGoroutines(w) == 1 })
 	require.Equal(t, WorkerGoroutines(w), w.Stats().Workers)
 	require.Equal(t, 1, w.Stats().Workers, "Stats.Workers: number of worker goroutines")
 }
@@ -229,7 +229,7 @@ func TestStatsBooksBalanceForEveryKindOfEnd(t *testing.T) {
 			var ran atomic.Int64
 			f := func() { ran.Add(1) }
 			settle := func() {
-				r31Wait(t, "every due callback starts", func() bool {
+				waitUntil(t, "every due callback starts", func() bool {
 					st := w.Stats()
 					return st.Queued == 0 && st.Scheduled == st.Fired+st.Stopped+uint64(st.Pending) &&
 						st.Fired == st.Lateness.Count()
@@ -281,7 +281,7 @@ func TestStatsBooksBalanceForEveryKindOfEnd(t *testing.T) {
 			require.Error(t, ctx1.Err())
 			require.Equal(t, 3, evRuns)
 			require.Equal(t, int64(1), panics.Load())
-			st := r31Balance(t, w)
+			st := requireQuietBooks(t, w)
 			require.Equal(t, uint64(1), st.Panics)
 			// Pending: ts none (fired, stopped, or reset to 10ms and fired), ev2's next run, key 2,
 			// ctx3.
@@ -297,7 +297,7 @@ func TestStatsBooksBalanceForEveryKindOfEnd(t *testing.T) {
 			require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped, "%+v", st)
 			require.Equal(t, st.Fired, st.Lateness.Count())
 			require.False(t, ev2.Stop())
-			require.Equal(t, int64(limit), r31Credits(w), "every credit back after Stop")
+			require.Equal(t, int64(limit), freeCredits(w), "every credit back after Stop")
 		})
 	}
 }

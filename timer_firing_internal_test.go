@@ -20,9 +20,9 @@ import (
 // stops the other (which the shard has already moved to firing) and looks whether the other's
 // argument is still kept reachable by the wheel.
 type timerFiringPair struct {
-	p      *r32Payload
+	p      *ctxPayload
 	other  Timer
-	otherP weak.Pointer[r32Payload]
+	otherP weak.Pointer[ctxPayload]
 	out    *timerFiringPairOut
 }
 
@@ -53,11 +53,11 @@ func TestStopOfFiringTimerLetsGoOfArg(t *testing.T) {
 		pr := arg.(*timerFiringPair)
 		pr.out.runs++
 		pr.out.stopped = pr.other.Stop()
-		pr.out.collected = r32Gone(pr.otherP)
+		pr.out.collected = collected(pr.otherP)
 	}
 	func() { // the payloads are made in here so that no frame of the test keeps them
-		a := &timerFiringPair{p: new(r32Payload), out: out}
-		b := &timerFiringPair{p: new(r32Payload), out: out}
+		a := &timerFiringPair{p: new(ctxPayload), out: out}
+		b := &timerFiringPair{p: new(ctxPayload), out: out}
 		ta, err := w.AfterFuncArg(time.Millisecond, f, a)
 		require.NoError(t, err)
 		tb, err := w.AfterFuncArg(time.Millisecond, f, b)

@@ -25,16 +25,6 @@ func timerManualWheel(t *testing.T, opts ...Option) (*Wheel, *ManualClock) {
 	return w, clk
 }
 
-// booksBalance requires Scheduled == Fired + Stopped + Dropped + Pending and Lateness.Count() ==
-// Fired on a quiet wheel.
-func booksBalance(t *testing.T, w *Wheel) Stats {
-	t.Helper()
-	st := w.Stats()
-	require.Equal(t, st.Scheduled, st.Fired+st.Stopped+st.Dropped+uint64(st.Pending), "%+v", st)
-	require.Equal(t, st.Fired, st.Lateness.Count(), "%+v", st)
-	return st
-}
-
 // requireFreed checks that tm's entry went back to the slab: the next arm on its shard takes it
 // (the free stack is last in, first out) with the next gen.
 func requireFreed(t *testing.T, w *Wheel, tm Timer) {
@@ -223,7 +213,7 @@ func TestResetStaleCommandOnRegrownBlockDoesNothing(t *testing.T) {
 	clk.Advance(time.Millisecond)
 	require.Equal(t, []string{"n1", "n2"}, fired)
 	require.Zero(t, w.Len())
-	booksBalance(t, w)
+	requireBooks(t, w)
 	require.NoError(t, w.Verify())
 	require.Zero(t, w.Stop())
 }

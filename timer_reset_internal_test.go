@@ -171,7 +171,7 @@ func TestResetQueuedBehindUnpublishedSlot(t *testing.T) {
 	require.False(t, tm.Stop(), "a fired timer cannot be stopped")
 	require.False(t, tm.Reset(time.Millisecond), "a fired timer cannot be reset")
 	require.Zero(t, w.Len())
-	booksBalance(t, w)
+	requireBooks(t, w)
 	require.NoError(t, w.Verify())
 	require.Zero(t, w.Stop())
 }
@@ -223,7 +223,7 @@ func TestResetVersionWrapNeverFiresEarly(t *testing.T) {
 	require.Equal(t, 1, ran, "fires once, at the deadline of its last Reset")
 	require.Equal(t, last, ranAt)
 	require.False(t, tm.Stop())
-	booksBalance(t, w)
+	requireBooks(t, w)
 }
 
 // TestResetVersionWrapToDueKeepsDeadlineOrder: the shard is paused between its reads of T's word
@@ -281,7 +281,7 @@ func TestResetVersionWrapToDueKeepsDeadlineOrder(t *testing.T) {
 	clk.Advance(time.Second * 3)
 	require.Equal(t, []string{"Z", "T"}, order, "fires once")
 	require.Zero(t, w.Len())
-	st := booksBalance(t, w)
+	st := requireBooks(t, w)
 	require.Equal(t, uint64(2), st.Fired)
 }
 

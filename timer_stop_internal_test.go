@@ -186,7 +186,7 @@ func TestStopQueuedGivesMaxPendingPlaceBackAtOnce(t *testing.T) {
 	clk.Advance(time.Millisecond)
 	require.Equal(t, map[string]int{"held": 1, "U": 1}, ran)
 	require.Zero(t, w.Len())
-	st := booksBalance(t, w)
+	st := requireBooks(t, w)
 	require.Equal(t, uint64(1), st.Stopped)
 	require.Equal(t, uint64(1), st.Rejected)
 
@@ -207,7 +207,7 @@ func TestStopQueuedGivesMaxPendingPlaceBackAtOnce(t *testing.T) {
 	require.False(t, tm.Stop(), "T's stale handle does nothing to the entry's new owner")
 	require.Equal(t, 2, w.Len())
 	require.Equal(t, 2, w.Stop(), "both are pending at Stop")
-	booksBalance(t, w)
+	requireBooks(t, w)
 }
 
 // TestStopQueuedEveryRearm: an Every's re-arm is queued too: a Stop between runs, before the shard
