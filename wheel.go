@@ -649,44 +649,9 @@ func notLinkable(e *entry, inHeld bool) error {
 // outside the held bucket, and a cascade in progress (casc) is of a level from 1 below the
 // overflow and its bucket's span holds elapsed.
 func (w *timingWheel) verify() error {
-	n := 0
-	for lv := range w.buckets {
-		for sl := range w.buckets[lv] {
-			b := &w.buckets[lv][sl]
-			bit := w.occupied[lv]&(1<<uint(sl)) != 0
-			if bit != !b.empty() {
-				return fmt.Errorf("level %d slot %d: bitmap bit %v, bucket non-empty %v", lv, sl, bit, !b.empty())
-			}
-			if b.empty() {
-				continue
-			}
-			if !b.queued {
-				return fmt.Errorf("level %d slot %d: non-empty bucket not in the heap", lv, sl)
-			}
-			if b.start < w.elapsed {
-				return fmt.Errorf("level %d slot %d: start %d before elapsed %d", lv, sl, b.start, w.elapsed)
-			}
-			// A bucket whose start is elapsed is one that advance took in part and put back (any
-			// level), or level 0's bucket of the tick in progress.
-			maps := lv == overflowLv ||
-				slotFor(b.start, lv) == sl && (b.start == w.elapsed || levelFor(w.elapsed, b.start) == lv)
-			if !maps {
-				return fmt.Errorf("level %d slot %d: start %d does not map here from elapsed %d", lv, sl, b.start, w.elapsed)
-			}
-			where := fmt.Sprintf("level %d slot %d", lv, sl)
-			k, err := w.verifyLanes(b, lv, sl, where, func(e *entry) error {
-				if lv == overflowLv && bucketStart(e.when.Load()/w.tick, lv) < b.start {
-					return fmt.Errorf("entry due %d parked past its era start %d", e.when.Load(), b.start)
-				}
-				if lv == 0 && w.min0[sl] > e.when.Load() {
-					return fmt.Errorf("bound %d after a deadline %d", w.min0[sl], e.when.Load())
-				}
-				return nil
-			})
-			if n += k; err != nil {
-				return err
-			}
-		}
+	n, err := w.verifyLevels()
+	if err != nil {
+		return err
 	}
 	for f := range w.soon {
 		k, err := w.verifyLanes(&w.soon[f], soonLv, f, fmt.Sprintf("soon %d", f), func(e *entry) error {
@@ -717,4 +682,46 @@ func (w *timingWheel) verify() error {
 		return fmt.Errorf("count %d, linked entries %d", w.count, n)
 	}
 	return w.heap.verify()
+}
+
+// verifyLevels is verify's check of the level buckets; it returns how many entries they hold.
+func (w *timingWheel) verifyLevels() (n int, err error) {
+	for lv := range w.buckets {
+		for sl := range w.buckets[lv] {
+			b := &w.buckets[lv][sl]
+			bit := w.occupied[lv]&(1<<uint(sl)) != 0
+			if bit != !b.empty() {
+				return n, fmt.Errorf("level %d slot %d: bitmap bit %v, bucket non-empty %v", lv, sl, bit, !b.empty())
+			}
+			if b.empty() {
+				continue
+			}
+			if !b.queued {
+				return n, fmt.Errorf("level %d slot %d: non-empty bucket not in the heap", lv, sl)
+			}
+			if b.start < w.elapsed {
+				return n, fmt.Errorf("level %d slot %d: start %d before elapsed %d", lv, sl, b.start, w.elapsed)
+			}
+			// A bucket whose start is elapsed is one that advance took in part and put back (any
+			// level), or level 0's bucket of the tick in progress.
+			maps := lv == overflowLv ||
+				slotFor(b.start, lv) == sl && (b.start == w.elapsed || levelFor(w.elapsed, b.start) == lv)
+			if !maps {
+				return n, fmt.Errorf("level %d slot %d: start %d does not map here from elapsed %d", lv, sl, b.start, w.elapsed)
+			}
+			k, err := w.verifyLanes(b, lv, sl, fmt.Sprintf("level %d slot %d", lv, sl), func(e *entry) error {
+				if lv == overflowLv && bucketStart(e.when.Load()/w.tick, lv) < b.start {
+					return fmt.Errorf("entry due %d parked past its era start %d", e.when.Load(), b.start)
+				}
+				if lv == 0 && w.min0[sl] > e.when.Load() {
+					return fmt.Errorf("bound %d after a deadline %d", w.min0[sl], e.when.Load())
+				}
+				return nil
+			})
+			if n += k; err != nil {
+				return n, err
+			}
+		}
+	}
+	return n, nil
 }
