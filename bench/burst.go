@@ -17,7 +17,7 @@ var burstOnly = flag.Bool("burst", false, "run only the burst workload (about 40
 // after the implementation started). shardwheel also reports its Stats.HeldBytes right after the
 // stops and after the quiet, to show the memory come and go.
 
-// burstQuiet is the quiet before the measurement: shardwheel gives chunks back after 5 s of
+// burstQuiet is the quiet before the measurement: shardwheel gives blocks back after 5 s of
 // quiet on a shard (trim.go), so 10 s leaves room for a loaded machine.
 const burstQuiet = 10 * time.Second
 
