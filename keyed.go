@@ -75,8 +75,19 @@ type Keyed[K comparable, V any] struct {
 	w       *Wheel
 	fire    func(key K, value V) // immutable
 	onTimer func(arg any)        // immutable: k.expire as one func value, so arming allocates no closure
-	m       *xsync.MapOf[K, *keyedTimer[K, V]]
+	m       *xsync.MapOf[K, keyedSlot[K, V]]
 }
+
+// keyedSlot is what the map holds for a key: its current arming, and that arming's Timer, copied
+// beside it so that Move re-arms without reading the arming itself (one cache miss fewer on the
+// keep-alive path). The Timer never changes after the arming is installed.
+type keyedSlot[K comparable, V any] struct {
+	a *keyedTimer[K, V]
+	t Timer
+}
+
+// slot returns the map's value for arming a, whose timer is set.
+func (a *keyedTimer[K, V]) slot() keyedSlot[K, V] { return keyedSlot[K, V]{a: a, t: a.timer} }
 
 // keyedTimer is one arming of a key. key is immutable; timer is written by Set or Move before
 // the arming is installed (so every reader that found it in the map sees it) and never again;
@@ -127,7 +138,7 @@ func NewKeyed[K comparable, V any](w *Wheel, fire func(key K, value V)) *Keyed[K
 	if fire == nil {
 		panic("shardwheel: NewKeyed: nil fire func")
 	}
-	k := &Keyed[K, V]{w: w, fire: fire, m: xsync.NewMapOf[K, *keyedTimer[K, V]]()}
+	k := &Keyed[K, V]{w: w, fire: fire, m: xsync.NewMapOf[K, keyedSlot[K, V]]()}
 	k.onTimer = k.expire
 	return k
 }
@@ -141,7 +152,7 @@ func NewKeyed[K comparable, V any](w *Wheel, fire func(key K, value V)) *Keyed[K
 // map's entry) and needs room for one more timer (the new arming is armed before the old one,
 // if any, is stopped). Set does not block on the wheel.
 func (k *Keyed[K, V]) Set(key K, value V, d time.Duration) error {
-	if a, ok := k.m.Load(key); ok && a.reArm(value, d) {
+	if cur, ok := k.m.Load(key); ok && cur.a.reArm(value, d) {
 		return nil
 	}
 	a := &keyedTimer[K, V]{key: key, value: value}
@@ -153,20 +164,18 @@ func (k *Keyed[K, V]) Set(key K, value V, d time.Duration) error {
 	if testHookKeyedArmed != nil {
 		testHookKeyedArmed(false) // tests only: a Set paused between arming a and installing it
 	}
-	var old *keyedTimer[K, V]
-	k.m.Compute(key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
+	var old keyedSlot[K, V]
+	k.m.Compute(key, func(cur keyedSlot[K, V], loaded bool) (keyedSlot[K, V], bool) {
 		if a.fired {
 			// a fired before it was installed, and its callback displaced what was current
 			// then; what is current now came after that fire, and stays (step 2).
 			return cur, !loaded
 		}
-		old = cur // nil when !loaded
+		old = cur // the zero slot when !loaded
 		a.installed = true
-		return a, false
+		return a.slot(), false
 	})
-	if old != nil {
-		old.timer.Stop()
-	}
+	old.t.Stop() // the zero Timer's Stop does nothing
 	return nil
 }
 
@@ -179,21 +188,21 @@ func (k *Keyed[K, V]) Set(key K, value V, d time.Duration) error {
 // WithMaxPending, or with its shard's slab full) Move reports false and changes nothing: the key
 // fires as it would have (or, after Stop, waits for Drain). Move does not block on the wheel.
 func (k *Keyed[K, V]) Move(key K, d time.Duration) bool {
-	a, ok := k.m.Load(key)
+	s, ok := k.m.Load(key)
 	for ok {
-		if a.timer.Reset(d) {
+		if s.t.Reset(d) {
 			return true
 		}
 		cur, ok2 := k.m.Load(key)
-		if ok2 && cur == a {
+		if ok2 && cur.a == s.a {
 			// Still current, and its timer came due: its callback has not decided (step 3).
-			moved, retry := k.replace(a, d)
+			moved, retry := k.replace(s.a, d)
 			if !retry {
 				return moved
 			}
 			cur, ok2 = k.m.Load(key)
 		}
-		a, ok = cur, ok2 // displaced: retry on the current arming, if any
+		s, ok = cur, ok2 // displaced: retry on the current arming, if any
 	}
 	return false
 }
@@ -223,11 +232,11 @@ func (k *Keyed[K, V]) replace(a *keyedTimer[K, V], d time.Duration) (moved, retr
 		testHookKeyedArmed(true) // tests only: a Move paused between arming b and installing it
 	}
 	installed := false
-	k.m.Compute(a.key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
+	k.m.Compute(a.key, func(cur keyedSlot[K, V], loaded bool) (keyedSlot[K, V], bool) {
 		switch {
-		case loaded && cur == a:
+		case loaded && cur.a == a:
 			b.installed, b.prev, installed = true, nil, true
-			return b, false
+			return b.slot(), false
 		case b.fired:
 			moved = true // b fired in a's place; its callback displaced and stopped a
 		}
@@ -247,9 +256,9 @@ func (k *Keyed[K, V]) replace(a *keyedTimer[K, V], d time.Duration) (moved, retr
 // Remove disarms key and reports true, or reports false if key was absent. A key whose callback
 // has started but not yet decided is removed and does not fire; one that has fired is absent.
 func (k *Keyed[K, V]) Remove(key K) bool {
-	a, ok := k.m.LoadAndDelete(key)
+	cur, ok := k.m.LoadAndDelete(key)
 	if ok {
-		a.timer.Stop()
+		cur.t.Stop()
 	}
 	return ok
 }
@@ -264,7 +273,8 @@ func (k *Keyed[K, V]) Len() int { return k.m.Size() }
 // shutdown, say, to close every idle connection).
 func (k *Keyed[K, V]) Drain(fn func(key K, value V)) int {
 	n := 0
-	k.m.Range(func(key K, a *keyedTimer[K, V]) bool {
+	k.m.Range(func(key K, s keyedSlot[K, V]) bool {
+		a := s.a
 		if !k.take(a) {
 			return true // displaced or fired meanwhile
 		}
@@ -281,10 +291,10 @@ func (k *Keyed[K, V]) Drain(fn func(key K, value V)) int {
 // take deletes a's key if it still maps to a, and reports whether it did.
 func (k *Keyed[K, V]) take(a *keyedTimer[K, V]) bool {
 	took := false
-	k.m.Compute(a.key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
-		if loaded && cur == a {
+	k.m.Compute(a.key, func(cur keyedSlot[K, V], loaded bool) (keyedSlot[K, V], bool) {
+		if loaded && cur.a == a {
 			took = true
-			return nil, true
+			return keyedSlot[K, V]{}, true
 		}
 		return cur, !loaded
 	})
@@ -298,28 +308,26 @@ func (k *Keyed[K, V]) expire(arg any) {
 	}
 	a := arg.(*keyedTimer[K, V])
 	fire := false
-	var displaced *keyedTimer[K, V]
-	k.m.Compute(a.key, func(cur *keyedTimer[K, V], loaded bool) (*keyedTimer[K, V], bool) {
+	var displaced keyedSlot[K, V]
+	k.m.Compute(a.key, func(cur keyedSlot[K, V], loaded bool) (keyedSlot[K, V], bool) {
 		switch {
-		case loaded && cur == a:
+		case loaded && cur.a == a:
 			fire = true
-			return nil, true
+			return keyedSlot[K, V]{}, true
 		case a.installed:
 			// displaced: nothing
-		case a.prev == nil || (loaded && cur == a.prev):
+		case a.prev == nil || (loaded && cur.a == a.prev):
 			// Not installed yet: a Set's arming, or a Move's whose prev is current, fires in
 			// place of the current arming, which it displaces.
 			a.fired, fire = true, true
 			if loaded {
 				displaced = cur
-				return nil, true
+				return keyedSlot[K, V]{}, true
 			}
 		}
 		return cur, !loaded
 	})
-	if displaced != nil {
-		displaced.timer.Stop()
-	}
+	displaced.t.Stop() // the zero Timer's Stop does nothing
 	if fire {
 		k.fire(a.key, a.load())
 	}
