@@ -128,6 +128,7 @@ func (r *Results) addLadder(n int, k Kind, l LadderResult) {
 	}
 	r.add("gc_wall_ms/"+c, k, l.GCWallMs)
 	r.add("gc_cpu_ms/"+c, k, l.GCCPUMs)
+	r.add("gc_extra_wall_ms/"+c, k, l.GCExtraWallMs)
 	r.add("gc_extra_cpu_ms/"+c, k, l.GCExtraCPUMs)
 	for _, p := range r.cfg.Producers {
 		if s, ok := l.Scaling[p]; ok {
@@ -196,9 +197,9 @@ func (r *Results) rows() []row {
 	}
 	rs = append(rs, row{"idle_cpu_ms_per_s/" + count(cfg.BigN), fmt.Sprintf("(d) idle CPU, ms/s, %s pending", count(cfg.BigN))})
 	for _, n := range levels[len(cfg.Pending):] {
-		rs = append(rs, row{"gc_wall_ms/" + count(n), fmt.Sprintf("(e) one forced GC, ms, %s pending", count(n))},
-			row{"gc_cpu_ms/" + count(n), fmt.Sprintf("(e) its GC CPU, ms, %s pending", count(n))},
-			row{"gc_extra_cpu_ms/" + count(n), fmt.Sprintf("(e) GC CPU the %s timers add (minus the harness's own)", count(n))})
+		rs = append(rs, row{"gc_extra_wall_ms/" + count(n), fmt.Sprintf("(e) a forced GC's wall time, ms, that %s pending timers add", count(n))},
+			row{"gc_extra_cpu_ms/" + count(n), fmt.Sprintf("(e) its GC CPU, ms, that %s pending timers add", count(n))},
+			row{"gc_wall_ms/" + count(n), fmt.Sprintf("(e) a forced GC's wall time, ms, %s pending, the harness's own memory included", count(n))})
 	}
 	for _, p := range cfg.Producers {
 		rs = append(rs, row{fmt.Sprintf("scaling_ns/procs=%d", p), fmt.Sprintf("(f) ns/pair, %d producers, %s pending", p, count(cfg.BigN))})
