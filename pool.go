@@ -118,10 +118,21 @@ func (sl *slab) alloc() (uint32, *entry) {
 		e := sl.at(i)
 		next := uint32(e.when.Load())
 		if sl.free.CompareAndSwap(h, (h>>32+1)<<32|uint64(next)) {
+			if next != 0 {
+				sl.touch(next)
+			}
 			return i, e
 		}
 	}
 }
+
+// touch loads the free-stack link of entry i, the next pop's, and discards it: a load that the
+// processor starts now and nothing waits for, so that its cache miss overlaps the rest of this
+// arm rather than stalling the next pop. A free stack that a mass of stops left behind spans
+// tens of megabytes, and without it each pop of a flood armed on top of it waited for memory
+// (about 200 ns a pop against 10 on a hot stack). The link may be a later owner's deadline by
+// the time it is read; nothing uses it.
+func (sl *slab) touch(i uint32) { _ = sl.at(i).when.Load() }
 
 // freeList pushes a list of free entries, first to last, linked through their when fields; last's
 // link is set here. The caller owns them all until this returns.
