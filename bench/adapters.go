@@ -16,6 +16,9 @@ import (
 type Impl interface {
 	// Schedule arranges for fire(r) to run once, d from now.
 	Schedule(d time.Duration, r *Rec) (Handle, error)
+	// ScheduleFunc arranges for f, a closure made for this timer that calls fire(r), to run
+	// once, d from now: the way most programs arm a timer.
+	ScheduleFunc(d time.Duration, r *Rec, f func()) (Handle, error)
 	// Stop reports whether this call prevented fire from running.
 	Stop(h Handle) bool
 	// Reset re-arms a still-pending timer to fire d from now and reports true; when the timer
@@ -98,6 +101,10 @@ func (runtimeImpl) Schedule(d time.Duration, r *Rec) (Handle, error) {
 	return Handle{rec: r, rt: time.AfterFunc(d, r.fn)}, nil
 }
 
+func (runtimeImpl) ScheduleFunc(d time.Duration, r *Rec, f func()) (Handle, error) {
+	return Handle{rec: r, rt: time.AfterFunc(d, f)}, nil
+}
+
 func (runtimeImpl) Stop(h Handle) bool { return h.rt.Stop() }
 
 // Reset stops first: time.Timer.Reset alone would re-arm a timer that already fired.
@@ -128,6 +135,11 @@ func (s *swImpl) Schedule(d time.Duration, r *Rec) (Handle, error) {
 	return Handle{rec: r, sw: t}, err
 }
 
+func (s *swImpl) ScheduleFunc(d time.Duration, r *Rec, f func()) (Handle, error) {
+	t, err := s.w.AfterFunc(d, f)
+	return Handle{rec: r, sw: t}, err
+}
+
 func (s *swImpl) Stop(h Handle) bool                   { return h.sw.Stop() }
 func (s *swImpl) Reset(h Handle, d time.Duration) bool { return h.sw.Reset(d) }
 func (s *swImpl) Close([]Handle)                       { s.w.Stop() }
@@ -149,6 +161,11 @@ func (g *goZeroImpl) Schedule(d time.Duration, r *Rec) (Handle, error) {
 	}
 	seq := r.fires.Load()
 	return Handle{rec: r, seq: seq}, g.tw.SetTimer(r, nil, d)
+}
+
+// ScheduleFunc is Schedule: go-zero's callback is one func for the whole wheel.
+func (g *goZeroImpl) ScheduleFunc(d time.Duration, r *Rec, _ func()) (Handle, error) {
+	return g.Schedule(d, r)
 }
 
 func (g *goZeroImpl) Stop(h Handle) bool {

@@ -48,6 +48,10 @@ type Config struct {
 	// p99.9 the 25th latest), not on the few latest of one second.
 	SustainedArms       int
 	SustainedBackground int // timers pending an hour out meanwhile
+	// HarshRates and HarshDur are the rates of the sustained workload's harsh shape and how long
+	// each is held (sustained.go).
+	HarshRates []int
+	HarshDur   time.Duration
 }
 
 // configFor returns the sizes of a mode: "quick", "default" or "full".
@@ -59,7 +63,7 @@ func configFor(mode string) Config {
 		Producers: []int{1, 2, 4, 8, 16, 32, 64}, CheckN: 200_000, CheckSpread: 50 * time.Millisecond,
 		KeyedN: 100_000, CtxCheckN: 50_000, GoZeroCap: 1_000_000, Procs: runtime.GOMAXPROCS(0),
 		Rates: []int{50_000, 250_000, 500_000, 1_000_000}, SustainedDur: time.Second, SustainedArms: 250_000,
-		SustainedBackground: 1_000_000,
+		SustainedBackground: 1_000_000, HarshRates: []int{250_000, 1_000_000}, HarshDur: 3 * time.Second,
 	}
 	switch mode {
 	case "quick":
@@ -69,6 +73,7 @@ func configFor(mode string) Config {
 		c.CheckN, c.KeyedN, c.CtxCheckN = 20_000, 10_000, 5_000
 		c.Rates, c.SustainedDur, c.SustainedBackground = []int{50_000, 250_000}, 300*time.Millisecond, 100_000
 		c.SustainedArms = 0
+		c.HarshRates, c.HarshDur = []int{250_000}, 300*time.Millisecond
 	case "full":
 		c.Reps, c.PairTime, c.Idle = 5, 300*time.Millisecond, 3*time.Second
 		c.HugeN, c.CheckN, c.KeyedN, c.CtxCheckN = 10_000_000, 1_000_000, 1_000_000, 200_000
@@ -216,6 +221,9 @@ func plan(cfg Config, res *Results) []task {
 	maxArms := 0
 	for _, rate := range cfg.Rates {
 		maxArms = max(maxArms, int(int64(rate)*int64(cfg.sustainedDur(rate))/int64(time.Second)))
+	}
+	for _, rate := range cfg.HarshRates {
+		maxArms = max(maxArms, int(int64(rate)*int64(cfg.HarshDur)/int64(time.Second)))
 	}
 	alloc := func() error { // once, before any implementation, so it never counts against one
 		slab, hs = newSlab(maxN), make([]Handle, maxN)

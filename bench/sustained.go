@@ -15,6 +15,24 @@ import (
 // producers arm rate timers a second in total, each with a delay uniform in [5 ms, 50 ms]; 90%
 // are stopped about 1 ms after arming (the reply came), 10% fire; background timers an hour out
 // stay pending throughout. Lateness is each fired callback's start against its own deadline.
+//
+// It runs in two shapes. The gentle one arms through Schedule (one func for every timer) and
+// its producers sleep 100 µs when they are ahead. The harsh one keeps every P busier: each timer
+// is a closure of its own (ScheduleFunc, as most programs arm), its producers sleep only 50 µs
+// when ahead, and each rate is held 3 s; there the keeper must win a P from the producers.
+
+// sustainedShape is one shape of the workload.
+type sustainedShape struct {
+	key     string        // "" for the gentle shape, "harsh_" for the other: in the results' keys
+	label   string        // "" or "harsh ": in the rows
+	sleep   time.Duration // how long a producer sleeps when it is ahead of its rate
+	closure bool          // each timer a closure of its own (ScheduleFunc)
+}
+
+var (
+	gentleShape = sustainedShape{sleep: 100 * time.Microsecond}
+	harshShape  = sustainedShape{key: "harsh_", label: "harsh ", sleep: 50 * time.Microsecond, closure: true}
+)
 
 // SustainedResult is one run of the sustained workload at one rate.
 type SustainedResult struct {
@@ -34,7 +52,7 @@ const (
 
 // runSustained runs the sustained workload on a fresh instance of k for dur at rate arms per
 // second, with background timers pending; recs must hold rate*dur records.
-func runSustained(k Kind, rate int, dur time.Duration, background int, bg []Rec, bgh []Handle, recs []Rec) (SustainedResult, error) {
+func runSustained(k Kind, shape sustainedShape, rate int, dur time.Duration, background int, bg []Rec, bgh []Handle, recs []Rec) (SustainedResult, error) {
 	im, err := newImpl(k)
 	if err != nil {
 		return SustainedResult{}, err
@@ -53,7 +71,7 @@ func runSustained(k Kind, rate int, dur time.Duration, background int, bg []Rec,
 	c0 := cpuTime()
 	t0 := mono()
 	parallel(sustainedProducers, total, func(g, lo, hi int) {
-		n, rj := produce(im, recs[lo:hi], float64(rate)/sustainedProducers, t0, int64(dur), rng(3, g))
+		n, rj := produce(im, shape, recs[lo:hi], float64(rate)/sustainedProducers, t0, int64(dur), rng(3, g))
 		arms.Add(n)
 		rejected.Add(rj)
 	})
@@ -116,9 +134,9 @@ func runSustained(k Kind, rate int, dur time.Duration, background int, bg []Rec,
 }
 
 // produce is one producer: it arms recs at perSec a second from t0 for dur ns (catching up in
-// small batches, sleeping when ahead), stops nine in ten of them sustainedStopAfter after
-// arming, and returns how many it armed and how many were rejected.
-func produce(im Impl, recs []Rec, perSec float64, t0, dur int64, rg interface {
+// small batches, sleeping shape.sleep when ahead), stops nine in ten of them sustainedStopAfter
+// after arming, and returns how many it armed and how many were rejected.
+func produce(im Impl, shape sustainedShape, recs []Rec, perSec float64, t0, dur int64, rg interface {
 	Int64N(int64) int64
 	IntN(int) int
 }) (armed, rejected int64) {
@@ -155,7 +173,13 @@ func produce(im Impl, recs []Rec, perSec float64, t0, dur int64, rg interface {
 			d := sustainedMinDelay + time.Duration(rg.Int64N(int64(sustainedMaxDelay-sustainedMinDelay)+1))
 			at := mono()
 			r.deadline.Store(at + int64(d))
-			h, err := im.Schedule(d, r)
+			var h Handle
+			var err error
+			if shape.closure {
+				h, err = im.ScheduleFunc(d, r, func() { fire(r) })
+			} else {
+				h, err = im.Schedule(d, r)
+			}
 			if err != nil {
 				rejected++
 				r.stopped.Store(true)
@@ -167,7 +191,7 @@ func produce(im Impl, recs []Rec, perSec float64, t0, dur int64, rg interface {
 		}
 		stopDue(mono())
 		if i >= want {
-			time.Sleep(100 * time.Microsecond)
+			time.Sleep(shape.sleep)
 		}
 	}
 	for head < len(fifo) { // the replies still to come
@@ -179,31 +203,37 @@ func produce(im Impl, recs []Rec, perSec float64, t0, dur int64, rg interface {
 	return int64(i), rejected
 }
 
-// addSustained records one run at rate.
-func (r *Results) addSustained(rate int, k Kind, s SustainedResult) {
-	c := rateLabel(rate)
-	r.add("sustained_rate/"+c, k, s.Rate)
-	r.add("sustained_cpu_ns_per_arm/"+c, k, s.CPUPerArm)
-	r.add("sustained_p50_ms/"+c, k, s.P50)
-	r.add("sustained_p99_ms/"+c, k, s.P99)
-	r.add("sustained_p999_ms/"+c, k, s.P999)
-	r.add("sustained_max_ms/"+c, k, s.Max)
-	s.Check.Workload = "sustained " + c + "/s"
+// addSustained records one run of shape at rate.
+func (r *Results) addSustained(shape sustainedShape, rate int, k Kind, s SustainedResult) {
+	c, p := rateLabel(rate), "sustained_"+shape.key
+	r.add(p+"rate/"+c, k, s.Rate)
+	r.add(p+"cpu_ns_per_arm/"+c, k, s.CPUPerArm)
+	r.add(p+"p50_ms/"+c, k, s.P50)
+	r.add(p+"p99_ms/"+c, k, s.P99)
+	r.add(p+"p999_ms/"+c, k, s.P999)
+	r.add(p+"max_ms/"+c, k, s.Max)
+	s.Check.Workload = "sustained " + shape.label + c + "/s"
 	r.addCheck(s.Check)
 }
 
-// sustainedRows are the report's rows for the sustained workload.
+// sustainedRows are the report's rows for the sustained workload, both shapes.
 func (r *Results) sustainedRows() []row {
 	var rs []row
-	for _, rate := range r.cfg.Rates {
-		c := rateLabel(rate)
+	add := func(shape sustainedShape, rate int, dur time.Duration) {
+		c, p, l := rateLabel(rate), "sustained_"+shape.key, shape.label
 		rs = append(rs,
-			row{"sustained_rate/" + c, fmt.Sprintf("(g) sustained %s arms/s for %v: reached arms/s", c, r.cfg.sustainedDur(rate))},
-			row{"sustained_cpu_ns_per_arm/" + c, fmt.Sprintf("(g) sustained %s/s: process CPU per arm, ns", c)},
-			row{"sustained_p50_ms/" + c, fmt.Sprintf("(g) sustained %s/s: lateness p50, ms", c)},
-			row{"sustained_p99_ms/" + c, fmt.Sprintf("(g) sustained %s/s: lateness p99, ms", c)},
-			row{"sustained_p999_ms/" + c, fmt.Sprintf("(g) sustained %s/s: lateness p99.9, ms", c)},
-			row{"sustained_max_ms/" + c, fmt.Sprintf("(g) sustained %s/s: lateness max, ms", c)})
+			row{p + "rate/" + c, fmt.Sprintf("(g) sustained %s%s arms/s for %v: reached arms/s", l, c, dur)},
+			row{p + "cpu_ns_per_arm/" + c, fmt.Sprintf("(g) sustained %s%s/s: process CPU per arm, ns", l, c)},
+			row{p + "p50_ms/" + c, fmt.Sprintf("(g) sustained %s%s/s: lateness p50, ms", l, c)},
+			row{p + "p99_ms/" + c, fmt.Sprintf("(g) sustained %s%s/s: lateness p99, ms", l, c)},
+			row{p + "p999_ms/" + c, fmt.Sprintf("(g) sustained %s%s/s: lateness p99.9, ms", l, c)},
+			row{p + "max_ms/" + c, fmt.Sprintf("(g) sustained %s%s/s: lateness max, ms", l, c)})
+	}
+	for _, rate := range r.cfg.Rates {
+		add(gentleShape, rate, r.cfg.sustainedDur(rate))
+	}
+	for _, rate := range r.cfg.HarshRates {
+		add(harshShape, rate, r.cfg.HarshDur)
 	}
 	return rs
 }
@@ -242,17 +272,28 @@ func plotSustained(r *Results, path string) error {
 	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
 }
 
-// sustainedTasks adds the sustained workload of one repetition to the plan.
+// sustainedTasks adds the sustained workload of one repetition to the plan: the gentle shape at
+// every rate of the ladder, then the harsh one (go-zero, which cannot sustain 250k/s, left out).
 func sustainedTasks(cfg Config, res *Results, r string, order []Kind, bg func() ([]Rec, []Handle), recs func() []Rec) []task {
 	var ts []task
+	add := func(shape sustainedShape, rate int, dur time.Duration, k Kind) {
+		ts = append(ts, task{r + "sustained " + shape.label + rateLabel(rate) + "/s: " + k.String(), func() error {
+			b, bh := bg()
+			s, err := runSustained(k, shape, rate, dur, cfg.SustainedBackground, b, bh, recs())
+			res.addSustained(shape, rate, k, s)
+			return err
+		}})
+	}
 	for _, rate := range cfg.Rates {
 		for _, k := range order {
-			ts = append(ts, task{r + "sustained " + rateLabel(rate) + "/s: " + k.String(), func() error {
-				b, bh := bg()
-				s, err := runSustained(k, rate, cfg.sustainedDur(rate), cfg.SustainedBackground, b, bh, recs())
-				res.addSustained(rate, k, s)
-				return err
-			}})
+			add(gentleShape, rate, cfg.sustainedDur(rate), k)
+		}
+	}
+	for _, rate := range cfg.HarshRates {
+		for _, k := range order {
+			if k != GoZero {
+				add(harshShape, rate, cfg.HarshDur, k)
+			}
 		}
 	}
 	return ts

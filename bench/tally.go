@@ -26,7 +26,8 @@ func tally(pattern string, w io.Writer) error {
 		return fmt.Errorf("tally: no file matches %q", pattern)
 	}
 	// | (g) sustained 50k/s: lateness p99, ms | 1.18 (1.16–2.41) | 1.15 (1.14–1.22) ×0.97 | ...
-	re := regexp.MustCompile(`^\| \(g\) sustained (\S+)/s: lateness (p99|p99\.9), ms \| ([0-9.]+) [^|]*\| ([0-9.]+) `)
+	// | (g) sustained harsh 250k/s: lateness p99, ms | ... (the harsh shape, sustained.go)
+	re := regexp.MustCompile(`^\| \(g\) sustained ((?:harsh )?\S+)/s: lateness (p99|p99\.9), ms \| ([0-9.]+) [^|]*\| ([0-9.]+) `)
 	type cell struct{ rate, q string }
 	var order []cell
 	ratios := map[cell][]float64{}
