@@ -163,7 +163,8 @@ func BenchmarkFirePhaseFloor(b *testing.B) {
 
 // BenchmarkEveryCPU measures what one Every(1ms) costs in CPU per second of wall time, with 2
 // shards and with 4096: the keeper looks at groups of shards, so the figure should barely grow.
-// The runtime's time.Ticker is the baseline. It also reports the runs a second that CPU bought.
+// The runtime's time.Ticker is the baseline, and impl=floor the least a timer that sleeps until its
+// next deadline pays. It also reports the runs a second that CPU bought.
 //
 //	go test -run '^$' -bench BenchmarkEveryCPU -count 6 .
 func BenchmarkEveryCPU(b *testing.B) {
@@ -223,6 +224,35 @@ func BenchmarkEveryCPU(b *testing.B) {
 					case <-done:
 						return
 					}
+				}
+			}()
+			return func() { t.Stop(); close(done); <-exited }
+		})
+	})
+	// The floor of any timer that sleeps until its next deadline on a runtime timer, as the
+	// wheel's keeper does: one goroutine, one time.Timer re-armed for the next run's deadline
+	// after each run. A Ticker is re-armed inside the runtime as it fires; a Reset from a
+	// goroutine puts the timer back in a heap and wakes an idle thread to watch it.
+	b.Run("impl=floor", func(b *testing.B) {
+		run(b, func(f func()) func() {
+			t := time.NewTimer(time.Millisecond)
+			next := time.Now().Add(time.Millisecond)
+			done := make(chan struct{})
+			exited := make(chan struct{})
+			go func() {
+				defer close(exited)
+				for {
+					select {
+					case <-t.C:
+						f()
+					case <-done:
+						return
+					}
+					next = next.Add(time.Millisecond)
+					if now := time.Now(); next.Before(now) { // late: skip what was missed
+						next = next.Add(now.Sub(next).Truncate(time.Millisecond) + time.Millisecond)
+					}
+					t.Reset(time.Until(next))
 				}
 			}()
 			return func() { t.Stop(); close(done); <-exited }
