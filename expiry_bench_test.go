@@ -213,20 +213,7 @@ func BenchmarkEveryCPU(b *testing.B) {
 	b.Run("impl=runtime", func(b *testing.B) {
 		run(b, func(f func()) func() {
 			t := time.NewTicker(time.Millisecond)
-			done := make(chan struct{})
-			exited := make(chan struct{})
-			go func() {
-				defer close(exited)
-				for {
-					select {
-					case <-t.C:
-						f()
-					case <-done:
-						return
-					}
-				}
-			}()
-			return func() { t.Stop(); close(done); <-exited }
+			return loopOn(t.C, f, func() {}, func() { t.Stop() })
 		})
 	})
 	// The floor of any timer that sleeps until its next deadline on a runtime timer, as the
@@ -237,27 +224,36 @@ func BenchmarkEveryCPU(b *testing.B) {
 		run(b, func(f func()) func() {
 			t := time.NewTimer(time.Millisecond)
 			next := time.Now().Add(time.Millisecond)
-			done := make(chan struct{})
-			exited := make(chan struct{})
-			go func() {
-				defer close(exited)
-				for {
-					select {
-					case <-t.C:
-						f()
-					case <-done:
-						return
-					}
-					next = next.Add(time.Millisecond)
-					if now := time.Now(); next.Before(now) { // late: skip what was missed
-						next = next.Add(now.Sub(next).Truncate(time.Millisecond) + time.Millisecond)
-					}
-					t.Reset(time.Until(next))
+			rearm := func() {
+				next = next.Add(time.Millisecond)
+				if now := time.Now(); next.Before(now) { // late: skip what was missed
+					next = next.Add(now.Sub(next).Truncate(time.Millisecond) + time.Millisecond)
 				}
-			}()
-			return func() { t.Stop(); close(done); <-exited }
+				t.Reset(time.Until(next))
+			}
+			return loopOn(t.C, f, rearm, func() { t.Stop() })
 		})
 	})
+}
+
+// loopOn starts a goroutine that calls f and then rearm for each value from c, and returns what
+// stops it: stopTimer, then the goroutine's exit.
+func loopOn(c <-chan time.Time, f, rearm, stopTimer func()) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		for {
+			select {
+			case <-c:
+				f()
+				rearm()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { stopTimer(); close(done); <-exited }
 }
 
 // cpuTime returns the CPU time (user and system) the process has used.
