@@ -197,11 +197,7 @@ func TestGoexitUnderWorkersAdvanceFreesClock(t *testing.T) {
 	}
 	got := w.Stop()
 	require.Zero(t, got)
-	for i, d := range w.pool.done {
-		require.True(t, isClosed(d), "worker %d had not exited when Stop returned", i)
-	}
-	// A worker's goroutine may still be in its last instructions after it closed its done channel.
-	require.Eventually(t, func() bool { return WorkerGoroutines(w) == 0 }, 5*time.Second, time.Millisecond)
+	requireWorkersExited(t, w)
 	requireStoppedBooks(t, w, got)
 }
 
@@ -308,11 +304,7 @@ func TestGoexitTwiceInCallerRunsBatchRunsEachOnce(t *testing.T) {
 	}
 	n := w.Stop()
 	require.Zero(t, n)
-	for i, d := range w.pool.done {
-		require.True(t, isClosed(d), "worker %d had not exited when Stop returned", i)
-	}
-	// A worker's goroutine may still be in its last instructions after it closed its done channel.
-	require.Eventually(t, func() bool { return WorkerGoroutines(w) == 0 }, 5*time.Second, time.Millisecond)
+	requireWorkersExited(t, w)
 	requireStoppedBooks(t, w, n)
 }
 

@@ -335,6 +335,17 @@ func requireStoppedBooks(t *testing.T, w *Wheel, stopReturned int) {
 	require.Equal(t, st.Fired, st.Lateness.Count())
 }
 
+// requireWorkersExited checks, right after an outside Stop returned, that every worker had
+// exited (closed its done channel) by then, and that their goroutines are gone: one may still be
+// in its last instructions after it closed its done channel.
+func requireWorkersExited(t *testing.T, w *Wheel) {
+	t.Helper()
+	for i, d := range w.pool.done {
+		require.True(t, isClosed(d), "worker %d had not exited when Stop returned", i)
+	}
+	require.Eventually(t, func() bool { return WorkerGoroutines(w) == 0 }, 5*time.Second, time.Millisecond)
+}
+
 // waitUntil waits for cond, failing the test with what after 10 s.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()

@@ -396,11 +396,7 @@ func TestStopGoexitInQueuedCallbackAfterStop(t *testing.T) {
 	close(gate3)
 	require.Zero(t, <-later)
 	require.True(t, t3DoneAtReturn.Load(), "the outside Stop returned before a queued callback")
-	for i, d := range w.pool.done {
-		require.True(t, isClosed(d), "worker %d had not exited when Stop returned", i)
-	}
-	// A worker's goroutine may still be in its last instructions after it closed its done channel.
-	require.Eventually(t, func() bool { return WorkerGoroutines(w) == 0 }, 5*time.Second, time.Millisecond)
+	requireWorkersExited(t, w)
 	requireStoppedBooks(t, w, 3)
 	require.Equal(t, uint64(4), w.Stats().Fired)
 }
@@ -451,11 +447,7 @@ func TestStopQueuedEveryRunAndCallbackRunOnce(t *testing.T) {
 	require.Equal(t, int32(1), xRuns.Load(), "the queued one-shot ran once")
 	require.Equal(t, int32(1), innerStop.Load(), "Stop from a queued callback returns 0")
 	require.Equal(t, 2, got, "the two pending timers; not the Every's next run")
-	for i, d := range w.pool.done {
-		require.True(t, isClosed(d), "worker %d had not exited when Stop returned", i)
-	}
-	// A worker's goroutine may still be in its last instructions after it closed its done channel.
-	require.Eventually(t, func() bool { return WorkerGoroutines(w) == 0 }, 5*time.Second, time.Millisecond)
+	requireWorkersExited(t, w)
 	require.Equal(t, int32(1), everyRuns.Load())
 	require.Equal(t, int32(1), everyStop.Load(), "Stop from the queued Every run returns 0")
 	requireStoppedBooks(t, w, got)
@@ -597,9 +589,7 @@ func TestStopLaterOutsideWaitsForRunningCallback(t *testing.T) {
 	time.AfterFunc(100*time.Millisecond, func() { close(release) })
 	require.Equal(t, 0, w.Stop())
 	require.True(t, done.Load(), "a later Stop returned before a running callback ended")
-	for i, d := range w.pool.done {
-		require.True(t, isClosed(d), "worker %d still running after a later Stop returned", i)
-	}
+	requireWorkersExited(t, w)
 	require.Equal(t, 5, stopWait(t, first, "the first Stop"))
 	require.Equal(t, 0, w.Stop())
 	require.Equal(t, 0, w.Len())
@@ -924,9 +914,7 @@ func TestStopFromCallbackInSynctestBubble(t *testing.T) {
 		require.False(t, bDone.Load())
 		require.Zero(t, w.Stop())
 		require.True(t, bDone.Load(), "the outside Stop returned before B ended")
-		for i, d := range w.pool.done {
-			require.True(t, isClosed(d), "worker %d", i)
-		}
+		requireWorkersExited(t, w)
 		requireStoppedBooks(t, w, 1)
 		require.Equal(t, uint64(2), w.Stats().Fired)
 	})
