@@ -30,7 +30,7 @@ type ManualClock struct {
 
 // NewManualClock returns a manual clock that reads start until it is advanced.
 func NewManualClock(start time.Time) *ManualClock {
-	return &ManualClock{start: start, inAdvance: map[int64]int{}}
+	return &ManualClock{start: start}
 }
 
 // Now returns the start time plus every duration passed to Advance.
@@ -70,6 +70,9 @@ func (c *ManualClock) Advance(d time.Duration) {
 		// part of) reads the clock again and goes on to the new time before it returns.
 		c.mu.Unlock()
 		return
+	}
+	if c.inAdvance == nil { // a zero ManualClock is a clock at the zero time, as NewManualClock's
+		c.inAdvance = map[int64]int{}
 	}
 	c.inAdvance[self]++
 	ws := slices.Clone(c.wheels)

@@ -33,6 +33,22 @@ func TestManualClockOrderAcrossShards(t *testing.T) {
 	require.NoError(t, w.Verify())
 }
 
+// TestManualClockZeroValue: a ManualClock that was declared, not made by NewManualClock, is a
+// clock at the zero time: a wheel on it fires at its Advance, and Stop returns.
+func TestManualClockZeroValue(t *testing.T) {
+	var clk sw.ManualClock
+	require.True(t, clk.Now().IsZero())
+	w, err := sw.New(sw.WithClock(&clk), sw.WithWorkers(0))
+	require.NoError(t, err)
+	var ran int
+	_, err = w.AfterFunc(time.Millisecond, func() { ran++ })
+	require.NoError(t, err)
+	clk.Advance(time.Millisecond)
+	require.Equal(t, 1, ran)
+	require.Equal(t, time.Time{}.Add(time.Millisecond), clk.Now())
+	require.Zero(t, w.Stop())
+}
+
 // TestManualClockPanicsOnNegativeAdvance: time does not go backwards: Advance of a negative
 // duration panics with a message naming it and leaves the clock usable.
 func TestManualClockPanicsOnNegativeAdvance(t *testing.T) {

@@ -13,8 +13,9 @@ import "runtime"
 // every callback has returned (those that called Stop themselves included) and every goroutine
 // the wheel started has exited, so a goleak check after it passes. Called from inside one of this
 // wheel's callbacks (on a worker, or on the goroutine of a ManualClock.Advance that runs
-// callbacks), it does all of the above but the waiting: it returns at once, and the wheel's
-// goroutines finish the callbacks they hold and exit on their own. So no arrangement of callbacks
+// callbacks), it does all of the above but the waiting: it returns once the pending timers are
+// dropped (by it or by a Stop in progress elsewhere), without waiting for any callback or
+// goroutine, and the wheel's goroutines finish the callbacks they hold and exit on their own. So no arrangement of callbacks
 // that call Stop and wait for one another can deadlock. (Like http.Server.Shutdown, a wait from
 // inside would wait for itself; unlike it, this Stop does not hang.)
 //
@@ -28,8 +29,10 @@ func (w *Wheel) Stop() int {
 	n := 0
 	if w.closed.CompareAndSwap(false, true) {
 		n = w.shutdown()
-	} else if !inside {
-		<-w.stopped // the first Stop's drop is over: Len is 0
+	} else {
+		// The first Stop's drop is over: Len is 0. Also from inside a callback: the drop waits
+		// for no callback (shutdown), so a callback never waits for itself here.
+		<-w.stopped
 	}
 	if !inside {
 		w.awaitGoroutines()

@@ -694,6 +694,46 @@ func TestStopOutsideWaitsForWorkerAndAdvancerCallbacks(t *testing.T) {
 	require.Equal(t, uint64(4), w.Stats().Fired)
 }
 
+// TestStopInsideWaitsForConcurrentDrop: a Stop from inside a callback while another Stop is still
+// dropping the pending timers (held up by a Reset paused between its two steps) returns only once
+// that drop is over: right after it, Len is 0, as after any Stop. It returns 0; the other Stop
+// returns every timer that was pending.
+func TestStopInsideWaitsForConcurrentDrop(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	w, err := New(WithWorkers(2), WithShards(1))
+	require.NoError(t, err)
+	const pending = 10
+	for range pending {
+		_, err := w.AfterFunc(time.Hour, func() {})
+		require.NoError(t, err)
+	}
+	held, err := w.AfterFunc(time.Hour, func() {})
+	require.NoError(t, err)
+	type result struct{ n, len int }
+	started, release := make(chan struct{}), make(chan struct{})
+	inside := make(chan result, 1)
+	_, err = w.AfterFunc(0, func() {
+		close(started)
+		<-release
+		n := w.Stop()
+		inside <- result{n, w.Len()}
+	})
+	require.NoError(t, err)
+	requireWithin(t, started, "the callback never started")
+	finish := holdReset(t, held, 2*time.Hour) // the outside Stop's drop waits for this Reset
+	outside := make(chan int, 1)
+	go func() { outside <- w.Stop() }()
+	waitUntil(t, "the outside Stop closes the wheel", w.closed.Load)
+	close(release)
+	// Let the inside Stop come while the drop still waits; the Reset then goes on by itself.
+	time.AfterFunc(20*time.Millisecond, finish)
+	got := <-inside
+	require.Zero(t, got.len, "Len right after a Stop from inside a callback returned")
+	require.Zero(t, got.n, "a later Stop returns 0")
+	require.Equal(t, pending+1, <-outside, "the first Stop drops every pending timer")
+	requireStoppedBooks(t, w, pending+1)
+}
+
 // TestStopInsideLeavesQueuedCallbacksToWorkers: with a manual clock, every worker runs a callback
 // that calls Stop, and C, taken from the wheel, waits in the queue behind them. Each of those
 // Stops returns at once, without running C or waiting for it (C has not run when the first of them
