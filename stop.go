@@ -14,10 +14,11 @@ import "runtime"
 // the wheel started has exited, so a goleak check after it passes. Called from inside one of this
 // wheel's callbacks (on a worker, or on the goroutine of a ManualClock.Advance that runs
 // callbacks), it does all of the above but the waiting: it returns once the pending timers are
-// dropped (by it or by a Stop in progress elsewhere), without waiting for any callback or
-// goroutine, and the wheel's goroutines finish the callbacks they hold and exit on their own. So no arrangement of callbacks
-// that call Stop and wait for one another can deadlock. (Like http.Server.Shutdown, a wait from
-// inside would wait for itself; unlike it, this Stop does not hang.)
+// dropped (by it, or by a Stop in progress elsewhere, whose drop waits for no callback), without
+// waiting for any callback or goroutine; the wheel's goroutines finish the callbacks they hold
+// and exit on their own. So no arrangement of callbacks that call Stop and wait for one another
+// can deadlock. (Like http.Server.Shutdown, a wait from inside would wait for itself; unlike it,
+// this Stop does not hang.)
 //
 // An Every whose run is in progress when the wheel stops finishes that run, and its next run never
 // starts: it counts as pending, and Stop counts it in what it returns. A run that had fired before
