@@ -340,8 +340,11 @@ type Stats struct {
 func (w *Wheel) Stats() Stats {
 	var stoppedFiring uint64
 	for _, s := range w.shards {
-		stoppedFiring += s.stoppedFiring.Load() // before taken (totals): never counted as waiting twice
+		stoppedFiring += s.stoppedFiring.Load()
 	}
+	// stoppedFiring and fired are read before taken (totals reads taken last): each Stop and each
+	// start they count is of an entry already counted in taken, so Queued never subtracts what it
+	// did not add. A start or a Stop in between is seen as still waiting, which it just was.
 	fired, taken, late := w.pool.totals()
 	st := Stats{
 		Fired:    fired,
