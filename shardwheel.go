@@ -342,9 +342,11 @@ func (w *Wheel) Stats() Stats {
 	for _, s := range w.shards {
 		stoppedFiring += s.stoppedFiring.Load()
 	}
-	// stoppedFiring and fired are read before taken (totals reads taken last): each Stop and each
-	// start they count is of an entry already counted in taken, so Queued never subtracts what it
-	// did not add. A start or a Stop in between is seen as still waiting, which it just was.
+	// stoppedFiring and fired are read before taken (totals reads taken last), so a start or a
+	// Stop that comes between the reads is seen as still waiting, which it just was, never
+	// subtracted without its entry counted. One gap stays: an advance step counts what it fired
+	// (taken) just after the step; a Stop of one of those entries in between makes Queued one low
+	// until that count lands (never below 0).
 	fired, taken, late := w.pool.totals()
 	st := Stats{
 		Fired:    fired,
